@@ -1,0 +1,138 @@
+"""Architecture hyperparameters of a parameter-shared decoder-only Transformer.
+
+One frozen dataclass holds every architecture choice; gin binds it once
+(`gin/architectures/*.gin`) and every module reads it.
+"""
+
+import dataclasses
+import enum
+from typing import Any, Optional, Sequence, Tuple
+
+import jax.numpy as jnp
+
+
+class SharingOrder(str, enum.Enum):
+  """How the R*G virtual layers map onto the G unique layers.
+
+  Orders as in Takase & Kiyono (2021), "Lessons on Parameter Sharing across
+  Layers in Transformers", with M = G*R virtual and N = G unique layers:
+
+  * CYCLE:     0123 0123 0123  (virtual layer i uses unique layer i mod G)
+  * SEQUENCE:  000 111 222 333 (each unique layer repeated R times in a row)
+  * CYCLE_REV: 0123 0123 3210  (cycle, with the last repetition reversed)
+
+  Only CYCLE lets a SPEED step serve every stage from one weight load; the
+  other orders decode exactly but read several unique layers per pass.
+  """
+
+  CYCLE = 'cycle'
+  SEQUENCE = 'sequence'
+  CYCLE_REV = 'cycle_rev'
+
+
+def _as_dtype(dtype: Any) -> jnp.dtype:
+  return jnp.dtype(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters of a decoder of G unique layers repeated R times.
+
+  Defaults reproduce T5X's decoder-only Base (t5x/examples/decoder_only,
+  models/base.gin) as a 4x3 cyclic-shared model.
+
+  Attributes:
+    vocab_size: vocabulary size (32128 = T5's 32100 rounded up to 128).
+    dtype: activation dtype, e.g. 'float32' or 'bfloat16'. Parameters are
+      always stored in float32, as in T5X.
+    emb_dim: model width.
+    num_heads: attention heads.
+    head_dim: width of one head; None means emb_dim // num_heads.
+    mlp_dim: hidden width of the feed-forward block.
+    mlp_activations: one activation per input projection; ('gelu', 'linear')
+      is T5.1.1's gated GeLU.
+    dropout_rate: dropout after the embedding, attention weights, each
+      sub-block and the final norm (training only).
+    logits_via_embedding: tie the classifier to the input embedding.
+    num_unique_layers: G, the number of distinct layers.
+    num_repeats: R, how many times the G layers are applied; also the number
+      of exits (one after each repetition) and of SPEED pipeline stages.
+    sharing: a `SharingOrder` (or its string value).
+    relpos_num_buckets: T5 relative-position buckets.
+    relpos_max_distance: distance beyond which all positions share a bucket.
+  """
+
+  vocab_size: int = 32128
+  dtype: Any = 'float32'
+  emb_dim: int = 768
+  num_heads: int = 12
+  head_dim: Optional[int] = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ('gelu', 'linear')
+  dropout_rate: float = 0.0
+  logits_via_embedding: bool = True
+  num_unique_layers: int = 4
+  num_repeats: int = 3
+  sharing: SharingOrder = SharingOrder.CYCLE
+  relpos_num_buckets: int = 32
+  relpos_max_distance: int = 128
+
+  def __post_init__(self):
+    def positive(name):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f'TransformerConfig.{name} must be an integer >= 1, '
+                         f'got {value!r}.')
+
+    for name in ('vocab_size', 'emb_dim', 'num_heads', 'mlp_dim',
+                 'num_unique_layers', 'num_repeats', 'relpos_num_buckets',
+                 'relpos_max_distance'):
+      positive(name)
+    if self.head_dim is None:
+      if self.emb_dim % self.num_heads:
+        raise ValueError(
+            f'TransformerConfig.head_dim is None, so emb_dim ({self.emb_dim}) '
+            f'must be divisible by num_heads ({self.num_heads}); set head_dim '
+            'explicitly or change num_heads.')
+      object.__setattr__(self, 'head_dim', self.emb_dim // self.num_heads)
+    positive('head_dim')
+    try:
+      object.__setattr__(self, 'sharing', SharingOrder(self.sharing))
+    except ValueError:
+      raise ValueError(
+          f'TransformerConfig.sharing must be one of '
+          f'{[o.value for o in SharingOrder]}, got {self.sharing!r}.') from None
+    try:
+      object.__setattr__(self, 'dtype', _as_dtype(self.dtype))
+    except TypeError:
+      raise ValueError(f'TransformerConfig.dtype {self.dtype!r} is not a '
+                       'dtype.') from None
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise ValueError('TransformerConfig.dropout_rate must be in [0, 1), got '
+                       f'{self.dropout_rate!r}.')
+    if isinstance(self.mlp_activations, str) or not self.mlp_activations:
+      raise ValueError('TransformerConfig.mlp_activations must be a non-empty '
+                       f'sequence of names, got {self.mlp_activations!r}.')
+    object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
+
+  @property
+  def num_layers(self) -> int:
+    """Depth of the unrolled network, G*R virtual layers."""
+    return self.num_unique_layers * self.num_repeats
+
+  @property
+  def layer_order(self) -> Tuple[int, ...]:
+    """Unique layer used by each of the G*R virtual layers.
+
+    Example:
+      >>> TransformerConfig(num_unique_layers=4, num_repeats=3,
+      ...                   sharing='cycle_rev').layer_order
+      (0, 1, 2, 3, 0, 1, 2, 3, 3, 2, 1, 0)
+    """
+    g, r = self.num_unique_layers, self.num_repeats
+    if self.sharing == SharingOrder.CYCLE:
+      return tuple(i % g for i in range(g * r))
+    if self.sharing == SharingOrder.SEQUENCE:
+      return tuple(i // r for i in range(g * r))
+    cycle = tuple(i % g for i in range(g * (r - 1)))
+    return cycle + tuple(reversed(range(g)))

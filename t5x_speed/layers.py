@@ -1,0 +1,261 @@
+"""Transformer building blocks with T5X parameter names and logical axes.
+
+Each block reproduces the arithmetic of T5X's decoder-only example
+(t5x/examples/decoder_only/layers.py) so that checkpoints map one to one,
+with two decode-time changes: the embedding is a gather (a one-hot matmul
+re-reads the whole table every step) and the key/value cache is written at
+absolute positions by scatter, touching only the written entries.
+"""
+
+import functools
+import operator
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+param_with_axes = nn_partitioning.param_with_axes
+with_sharding_constraint = nn_partitioning.with_sharding_constraint
+
+# Additive attention bias of masked keys, as in T5X.
+NEG_INF = -1e10
+
+default_kernel_init = nn.initializers.variance_scaling(
+    1.0, 'fan_in', 'truncated_normal')
+attention_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
+
+
+class Dense(nn.Module):
+  """Bias-free linear map over the trailing `len(in_shape)` axes.
+
+  The kernel is stored 2-D, [prod(in), prod(out)], as T5X's DenseGeneral does,
+  so that its logical axes (`kernel_axes`) name the stored array.
+  """
+
+  features: Tuple[int, ...]
+  num_in_axes: int = 1
+  dtype: Any = jnp.float32
+  kernel_init: Callable[..., Array] = default_kernel_init
+  kernel_axes: Tuple[str, str] = ('embed', 'mlp')
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = tuple(np.atleast_1d(self.features))
+    in_shape = x.shape[-self.num_in_axes:]
+    kernel = param_with_axes(
+        'kernel', self.kernel_init,
+        (int(np.prod(in_shape)), int(np.prod(features))), jnp.float32,
+        axes=self.kernel_axes)
+    kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
+    x = jnp.asarray(x, self.dtype)
+    contract = tuple(range(x.ndim - self.num_in_axes, x.ndim))
+    return lax.dot_general(
+        x, kernel, ((contract, tuple(range(self.num_in_axes))), ((), ())))
+
+
+class RMSNorm(nn.Module):
+  """T5 layer norm: scale by the root mean square, no centering, no bias."""
+
+  dtype: Any = jnp.float32
+  epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x = jnp.asarray(x, jnp.float32)
+    mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
+    y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
+    scale = param_with_axes('scale', nn.initializers.ones, (x.shape[-1],),
+                            jnp.float32, axes=('embed',))
+    return y * jnp.asarray(scale, self.dtype)
+
+
+def _activation(name: str) -> Callable[[Array], Array]:
+  return (lambda x: x) if name == 'linear' else getattr(nn, name)
+
+
+class Mlp(nn.Module):
+  """Gated feed-forward block: wo(prod_i act_i(wi_i x))."""
+
+  intermediate_dim: int
+  activations: Sequence[str]
+  dropout_rate: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    names = (['wi'] if len(self.activations) == 1 else
+             [f'wi_{i}' for i in range(len(self.activations))])
+    hidden = functools.reduce(operator.mul, [
+        _activation(act)(Dense((self.intermediate_dim,), dtype=self.dtype,
+                               kernel_axes=('embed', 'mlp'), name=name)(x))
+        for name, act in zip(names, self.activations)
+    ])
+    hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(
+        hidden, deterministic=deterministic)
+    hidden = with_sharding_constraint(hidden, ('batch', 'length', 'mlp'))
+    return Dense((x.shape[-1],), dtype=self.dtype, kernel_axes=('mlp', 'embed'),
+                 name='wo')(hidden)
+
+
+class Embed(nn.Module):
+  """Token embedding table, also usable as the tied output classifier."""
+
+  num_embeddings: int
+  features: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.embedding = param_with_axes(
+        'embedding', nn.initializers.normal(stddev=1.0),
+        (self.num_embeddings, self.features), jnp.float32,
+        axes=('vocab', 'embed'))
+
+  def __call__(self, tokens: Array) -> Array:
+    """Gathers rows: [...] int -> [..., features] in `dtype`."""
+    return jnp.asarray(self.embedding, self.dtype)[tokens]
+
+  def attend(self, query: Array) -> Array:
+    """Scores `query` [..., features] against every row, in float32."""
+    return jnp.dot(query, jnp.asarray(self.embedding, jnp.float32).T)
+
+
+def relative_position_bucket(distance: np.ndarray, num_buckets: int,
+                             max_distance: int) -> np.ndarray:
+  """T5's unidirectional bucket of `distance` = query_pos - key_pos >= 0.
+
+  Exact for small distances, logarithmic up to `max_distance`, then one bucket.
+  Computed in NumPy float32 like T5X, so the table is bit-identical to it.
+  """
+  n = np.maximum(np.asarray(distance, np.int32), 0)
+  max_exact = num_buckets // 2
+  val_if_large = max_exact + (
+      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps) /
+      np.log(max_distance / max_exact) * (num_buckets - max_exact)
+  ).astype(np.int32)
+  val_if_large = np.minimum(val_if_large, num_buckets - 1)
+  return np.where(n < max_exact, n, val_if_large)
+
+
+class RelativePositionBias(nn.Module):
+  """T5 relative-position attention bias shared by all layers (as in T5X)."""
+
+  num_buckets: int
+  max_distance: int
+  num_heads: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.rel_embedding = param_with_axes(
+        'rel_embedding',
+        nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
+        (self.num_heads, self.num_buckets), jnp.float32,
+        axes=('heads', 'relpos_buckets'))
+
+  def by_distance(self, length: int) -> Array:
+    """Bias of every distance 0..length-1: [heads, length]."""
+    buckets = relative_position_bucket(
+        np.arange(length), self.num_buckets, self.max_distance)
+    return jnp.asarray(self.rel_embedding, self.dtype)[:, buckets]
+
+  def full(self, length: int) -> Array:
+    """Bias of a whole sequence: [1, heads, q_len, k_len]."""
+    pos = np.arange(length)
+    distance = np.maximum(pos[:, None] - pos[None, :], 0)
+    return self.by_distance(length)[:, distance][None]
+
+  def at(self, positions: Array, length: int) -> Array:
+    """Bias of queries at `positions` [...] against keys 0..length-1.
+
+    Returns [..., heads, length]. Keys after the query get the distance-0
+    bucket, exactly as T5X's unidirectional bias; they are masked anyway.
+    """
+    distance = jnp.clip(positions[..., None] - jnp.arange(length), 0,
+                        length - 1)                       # [..., length]
+    table = self.by_distance(length)                      # [heads, length]
+    return jnp.moveaxis(table[:, distance], 0, -2)        # [..., heads, length]
+
+
+def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
+                          dropout_rate: float, dropout_rng: Optional[Array],
+                          dtype: Any) -> Array:
+  """Full-sequence attention, T5X arithmetic (no 1/sqrt(d): it is in init).
+
+  Args:
+    query: [batch, q_len, heads, head_dim].
+    key: [batch, k_len, heads, head_dim].
+    value: [batch, k_len, heads, head_dim].
+    bias: additive bias broadcastable to [batch, heads, q_len, k_len].
+    dropout_rate: attention-weight dropout, used when `dropout_rng` is given.
+    dropout_rng: PRNG key, or None for deterministic attention.
+    dtype: dtype of the attention weights.
+
+  Returns:
+    [batch, q_len, heads, head_dim].
+  """
+  weights = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  weights = jax.nn.softmax(weights + bias.astype(weights.dtype)).astype(dtype)
+  if dropout_rng is not None and dropout_rate > 0.0:
+    keep_prob = 1.0 - dropout_rate
+    shape = list(weights.shape)
+    shape[-2] = 1  # T5 broadcasts the dropout mask along the query axis.
+    keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
+    weights = weights * (keep.astype(weights.dtype) /
+                         jnp.asarray(keep_prob, dtype))
+  return jnp.einsum('bhqk,bkhd->bqhd', weights, value)
+
+
+def write_cache(cache: Array, stages: Sequence[int], positions: Array,
+                update: Array) -> Array:
+  """Writes one key (or value) per row at its absolute position.
+
+  A write at position p replaces what was there. Rows whose position is
+  negative (empty slots) or beyond the cache write nothing at all.
+
+  Args:
+    cache: [stages, batch, length, heads, head_dim], one cache per stage.
+    stages: static stage index of each slot, len(stages) == slots.
+    positions: [batch, slots] absolute positions, -1 for an empty slot.
+    update: [batch, slots, heads, head_dim].
+
+  Returns:
+    The cache with exactly the valid rows' entries replaced.
+  """
+  length = cache.shape[2]
+  positions = jnp.where(positions >= 0, positions, length)  # -1 -> dropped
+  stage_idx = jnp.asarray(stages, jnp.int32)[None, :]        # [1, slots]
+  batch_idx = jnp.arange(cache.shape[1])[:, None]            # [batch, 1]
+  return cache.at[stage_idx, batch_idx, positions].set(
+      update.astype(cache.dtype), mode='drop')
+
+
+def read_cache(cache: Array, stages: Sequence[int]) -> Array:
+  """The caches of `stages`: [slots, batch, length, heads, head_dim]."""
+  if tuple(stages) == tuple(range(cache.shape[0])):
+    return cache
+  if len(stages) == 1:
+    return cache[stages[0]][None]
+  return cache[np.asarray(stages)]
+
+
+def cached_attention(query: Array, keys: Array, values: Array,
+                     bias: Array) -> Array:
+  """Attention of one query per slot against its own stage's cache.
+
+  Args:
+    query: [batch, slots, heads, head_dim].
+    keys: [slots, batch, length, heads, head_dim].
+    values: [slots, batch, length, heads, head_dim].
+    bias: [batch, slots, heads, length], relative-position bias plus the
+      mask of keys after each query's own position.
+
+  Returns:
+    [batch, slots, heads, head_dim].
+  """
+  weights = jnp.einsum('bshd,sblhd->bshl', query, keys)
+  weights = jax.nn.softmax(weights + bias.astype(weights.dtype))
+  return jnp.einsum('bshl,sblhd->bshd', weights.astype(query.dtype), values)

@@ -1,0 +1,422 @@
+"""Parameter-shared decoder-only Transformer with an exit after each repetition.
+
+The network is T5X's decoder-only Base (t5x/examples/decoder_only) with its
+`num_layers` layers replaced by G unique layers applied R times, and the final
+norm + classifier applied after every repetition (the exits). With R = 1 it is
+T5X's network, parameter for parameter.
+
+Decoding uses an explicit `KVCache` holding one cache per *virtual* layer
+(R*G of them), written at absolute positions. Three cached calls exist:
+
+* `prefill`: a prefix through all stages, caching it, with the exits' logits at
+  the last prefix position;
+* `decode_step`: one token per example through all G*R virtual layers (greedy);
+* `speed_step`: R slots per example, slot s holding a token at stage s (its
+  own position, -1 when empty; stage s > 0 continues from the hidden state the
+  token reached in the previous step), all run through the G shared layers in
+  one pass over B*R rows; slot s reads and writes the caches of stage s only.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> cfg = TransformerConfig(vocab_size=16, emb_dim=8, num_heads=2,
+  ...     head_dim=4, mlp_dim=16, num_unique_layers=2, num_repeats=3)
+  >>> model = SpeedTransformer(cfg)
+  >>> tokens = jnp.array([[3, 5, 7, 9]])
+  >>> params = model.init(jax.random.PRNGKey(0), tokens, tokens,
+  ...                     enable_dropout=False)['params']
+  >>> model.apply({'params': params}, tokens, tokens,
+  ...             enable_dropout=False).shape  # [exits, batch, length, vocab]
+  (3, 1, 4, 16)
+"""
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import flax
+from flax import linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import layers
+from t5x_speed.config import SharingOrder, TransformerConfig  # pylint: disable=unused-import
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys and values of every virtual layer, indexed by absolute position.
+
+  Virtual layer v = r*G + j (repetition r, pass position j) owns entry [r] of
+  `keys[j]` and `values[j]`: R*G caches in all, one per virtual layer.
+
+  Attributes:
+    keys: G arrays of shape [R, batch, length, heads, head_dim].
+    values: G arrays of shape [R, batch, length, heads, head_dim].
+  """
+
+  keys: Tuple[Array, ...]
+  values: Tuple[Array, ...]
+
+  @property
+  def length(self) -> int:
+    return self.keys[0].shape[2]
+
+  @property
+  def batch_size(self) -> int:
+    return self.keys[0].shape[1]
+
+
+def make_attention_mask(target_tokens: Array,
+                        causal_attention: Optional[Array] = None,
+                        segment_ids: Optional[Array] = None) -> Array:
+  """Training mask, as T5X's `make_decoder_mask`: [batch, 1, length, length].
+
+  Causal, except that positions with `causal_attention` = 1 (a prefix-LM's
+  inputs) see each other; padding (token 0) and other segments are masked.
+  """
+  pos = jnp.arange(target_tokens.shape[-1])
+  mask = pos[:, None] >= pos[None, :]                       # [len, len]
+  if causal_attention is not None:
+    bidir = causal_attention.astype(bool)
+    mask = mask | (bidir[:, :, None] & bidir[:, None, :])   # [batch, len, len]
+  valid = target_tokens > 0
+  mask = mask & valid[:, :, None] & valid[:, None, :]
+  if segment_ids is not None:
+    mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+  return mask[:, None]
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention projections (T5X names and initialisers)."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    features = (cfg.num_heads, cfg.head_dim)
+    # T5 folds 1/sqrt(head_dim) into the query initialiser, not the logits.
+    depth_scaling = jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
+    query_init = lambda *a: layers.attention_kernel_init(*a) / depth_scaling
+    proj = lambda init: layers.Dense(features, dtype=cfg.dtype,
+                                     kernel_init=init,
+                                     kernel_axes=('embed', 'joined_kv'))
+    self.query = proj(query_init)
+    self.key = proj(layers.attention_kernel_init)
+    self.value = proj(layers.attention_kernel_init)
+    self.out = layers.Dense((cfg.emb_dim,), num_in_axes=2, dtype=cfg.dtype,
+                            kernel_init=layers.attention_kernel_init,
+                            kernel_axes=('joined_kv', 'embed'))
+
+  def qkv(self, x: Array) -> Tuple[Array, Array, Array]:
+    """[..., emb] -> three [..., heads, head_dim]."""
+    axes = ('batch', 'length', 'heads', 'kv')
+    return tuple(layers.with_sharding_constraint(f(x), axes)
+                 for f in (self.query, self.key, self.value))
+
+  def __call__(self, context: Array) -> Array:
+    """[..., heads, head_dim] -> [..., emb]."""
+    return self.out(context)
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm self-attention + gated MLP block, usable on a sequence or slots."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.pre_self_attention_layer_norm = layers.RMSNorm(dtype=cfg.dtype)
+    self.self_attention = Attention(cfg)
+    self.post_self_attention_dropout = nn.Dropout(
+        cfg.dropout_rate, broadcast_dims=(-2,))
+    self.pre_mlp_layer_norm = layers.RMSNorm(dtype=cfg.dtype)
+    self.mlp = layers.Mlp(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate,
+                          dtype=cfg.dtype)
+    self.post_mlp_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  def _mlp_block(self, x: Array, deterministic: bool) -> Array:
+    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic=deterministic)
+    return x + self.post_mlp_dropout(y, deterministic=deterministic)
+
+  def __call__(self, x: Array, bias: Array,
+               deterministic: bool) -> Tuple[Array, Array, Array]:
+    """Whole-sequence pass.
+
+    Args:
+      x: [batch, length, emb].
+      bias: [batch or 1, heads or 1, length, length] additive attention bias.
+      deterministic: disables dropout.
+
+    Returns:
+      The output [batch, length, emb] and this layer's keys and values, each
+      [batch, length, heads, head_dim], for the caller to cache.
+    """
+    cfg = self.config
+    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
+    rng = None
+    if not deterministic and cfg.dropout_rate > 0:
+      rng = self.make_rng('dropout')
+    context = layers.dot_product_attention(q, k, v, bias, cfg.dropout_rate,
+                                           rng, cfg.dtype)
+    y = self.post_self_attention_dropout(self.self_attention(context),
+                                         deterministic=deterministic)
+    return self._mlp_block(x + y, deterministic), k, v
+
+  def step(self, x: Array, positions: Array, bias: Array, keys: Array,
+           values: Array, stages: Sequence[int]) -> Tuple[Array, Array, Array]:
+    """Cached pass of one token per slot (inference only).
+
+    Args:
+      x: [batch, slots, emb].
+      positions: [batch, slots] absolute positions, -1 for empty slots.
+      bias: [batch, slots, heads, length] relative bias + own-position mask.
+      keys: [R, batch, length, heads, head_dim] caches of this pass position.
+      values: like `keys`.
+      stages: static stage (repetition) of each slot.
+
+    Returns:
+      The output [batch, slots, emb] and the updated `keys` and `values`.
+    """
+    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
+    keys = layers.write_cache(keys, stages, positions, k)
+    values = layers.write_cache(values, stages, positions, v)
+    context = layers.cached_attention(q, layers.read_cache(keys, stages),
+                                      layers.read_cache(values, stages), bias)
+    return self._mlp_block(x + self.self_attention(context), True), keys, values
+
+
+class Decoder(nn.Module):
+  """G unique layers applied R times, with a shared exit after each repetition."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    self.relpos_bias = layers.RelativePositionBias(
+        cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
+        cfg.dtype)
+    # A list attribute names its members layers_0 .. layers_{G-1}, as T5X.
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_unique_layers)]
+    self.decoder_norm = layers.RMSNorm(dtype=cfg.dtype)
+    if not cfg.logits_via_embedding:
+      self.logits_dense = layers.Dense((cfg.vocab_size,), dtype=jnp.float32,
+                                       kernel_axes=('embed', 'vocab'))
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  # -- shared pieces ---------------------------------------------------------
+
+  def _layer(self, virtual_layer: int) -> DecoderLayer:
+    return self.layers[self.config.layer_order[virtual_layer]]
+
+  def _embed(self, tokens: Array, deterministic: bool) -> Array:
+    x = self.dropout(self.token_embedder(tokens.astype(jnp.int32)),
+                     deterministic=deterministic)
+    return x.astype(self.config.dtype)
+
+  def exit_logits(self, x: Array, deterministic: bool = True) -> Array:
+    """The shared classifier: final norm + (tied) logits, [..., vocab] f32."""
+    y = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+    if self.config.logits_via_embedding:
+      return self.token_embedder.attend(y) / jnp.sqrt(y.shape[-1])
+    return self.logits_dense(y)
+
+  def _step_bias(self, positions: Array, length: int) -> Array:
+    """[batch, slots] -> [batch, slots, heads, length] bias for cached steps.
+
+    Each row masks the keys after its *own* position.
+    """
+    visible = jnp.arange(length) <= positions[..., None]        # [b, s, len]
+    mask_bias = jnp.where(visible, 0.0, layers.NEG_INF).astype(self.config.dtype)
+    return self.relpos_bias.at(positions, length) + mask_bias[:, :, None, :]
+
+  # -- training / scoring ----------------------------------------------------
+
+  def __call__(self,
+               decoder_input_tokens: Array,
+               decoder_target_tokens: Array,
+               decoder_segment_ids: Optional[Array] = None,
+               decoder_positions: Optional[Array] = None,
+               decoder_causal_attention: Optional[Array] = None,
+               *,
+               enable_dropout: bool = True,
+               all_exits: bool = True) -> Array:
+    """Teacher-forced logits of every exit.
+
+    Args:
+      decoder_input_tokens: [batch, length] int tokens (shifted targets).
+      decoder_target_tokens: [batch, length]; zeros mark padding.
+      decoder_segment_ids: optional [batch, length] packing segments.
+      decoder_positions: unused, as in T5X (relative bias needs no positions).
+      decoder_causal_attention: optional [batch, length], 1 on a prefix-LM's
+        inputs, which then attend bidirectionally.
+      enable_dropout: training mode.
+      all_exits: return every exit, else only the last.
+
+    Returns:
+      [R, batch, length, vocab] float32 logits, exit r after repetition r+1;
+      [batch, length, vocab] if `all_exits` is False.
+    """
+    del decoder_positions
+    cfg = self.config
+    deterministic = not enable_dropout
+    length = decoder_input_tokens.shape[-1]
+    mask = make_attention_mask(decoder_target_tokens, decoder_causal_attention,
+                               decoder_segment_ids)
+    bias = (jnp.where(mask, 0.0, layers.NEG_INF).astype(cfg.dtype) +
+            self.relpos_bias.full(length))
+    x = self._embed(decoder_input_tokens, deterministic)
+    exits = []
+    for r in range(cfg.num_repeats):
+      for j in range(cfg.num_unique_layers):
+        x, _, _ = self._layer(r * cfg.num_unique_layers + j)(x, bias,
+                                                             deterministic)
+        x = layers.with_sharding_constraint(x, ('batch', 'length', 'embed'))
+      if all_exits or r == cfg.num_repeats - 1:
+        exits.append(self.exit_logits(x, deterministic))
+    return jnp.stack(exits) if all_exits else exits[-1]
+
+  # -- cached decoding -------------------------------------------------------
+
+  def prefill(self, tokens: Array, prefill_lengths: Array,
+              decoder_causal_attention: Optional[Array] = None,
+              cache_length: Optional[int] = None) -> Tuple[Array, KVCache]:
+    """Caches positions [0, prefill_lengths) of `tokens` in every stage.
+
+    Args:
+      tokens: [batch, length] decoder input tokens (BOS-shifted prefix).
+      prefill_lengths: [batch] how many positions to cache per example.
+      decoder_causal_attention: optional [batch, length] prefix-LM region that
+        attends bidirectionally (T5X's `inputs_bidirectional_attention`).
+      cache_length: cache size, >= length; defaults to length.
+
+    Returns:
+      Every exit's logits at position prefill_lengths - 1, [batch, R, vocab]
+      (meaningless where prefill_lengths is 0), and the new `KVCache`.
+    """
+    cfg = self.config
+    batch, length = tokens.shape
+    cache_length = cache_length or length
+    if cache_length < length:
+      raise ValueError(f'cache_length {cache_length} < tokens length {length}')
+    mask = jnp.tril(jnp.ones((length, length), bool))[None]
+    if decoder_causal_attention is not None:
+      bidir = decoder_causal_attention.astype(bool)
+      mask = mask | (bidir[:, :, None] & bidir[:, None, :])
+    bias = (jnp.where(mask, 0.0, layers.NEG_INF).astype(cfg.dtype)[:, None] +
+            self.relpos_bias.full(length))
+    keep = (jnp.arange(cache_length) < prefill_lengths[:, None])[..., None, None]
+    pad = ((0, 0), (0, cache_length - length), (0, 0), (0, 0))
+    last = jnp.maximum(prefill_lengths - 1, 0)[:, None, None]      # [b, 1, 1]
+    x = self._embed(tokens, deterministic=True)
+    keys: List[List[Array]] = [[] for _ in range(cfg.num_unique_layers)]
+    values: List[List[Array]] = [[] for _ in range(cfg.num_unique_layers)]
+    exits = []
+    for r in range(cfg.num_repeats):
+      for j in range(cfg.num_unique_layers):
+        x, k, v = self._layer(r * cfg.num_unique_layers + j)(x, bias, True)
+        keys[j].append(jnp.where(keep, jnp.pad(k, pad), 0))
+        values[j].append(jnp.where(keep, jnp.pad(v, pad), 0))
+      exits.append(self.exit_logits(jnp.take_along_axis(x, last, axis=1)[:, 0]))
+    cache = KVCache(keys=tuple(jnp.stack(k) for k in keys),
+                    values=tuple(jnp.stack(v) for v in values))
+    return jnp.stack(exits, axis=1), cache
+
+  def decode_step(self, tokens: Array, positions: Array,
+                  cache: KVCache) -> Tuple[Array, KVCache]:
+    """One token per example through all G*R virtual layers.
+
+    Args:
+      tokens: [batch] int tokens.
+      positions: [batch] absolute positions; -1 (or >= cache length) writes
+        nothing, for finished examples.
+      cache: the `KVCache`.
+
+    Returns:
+      Final-exit logits [batch, vocab] and the updated cache.
+    """
+    cfg = self.config
+    keys, values = list(cache.keys), list(cache.values)
+    positions = positions[:, None]                                # [b, 1]
+    bias = self._step_bias(positions, cache.length)
+    x = self._embed(tokens[:, None], deterministic=True)          # [b, 1, emb]
+    for r in range(cfg.num_repeats):
+      for j in range(cfg.num_unique_layers):
+        x, keys[j], values[j] = self._layer(r * cfg.num_unique_layers + j).step(
+            x, positions, bias, keys[j], values[j], stages=(r,))
+    return self.exit_logits(x[:, 0]), KVCache(tuple(keys), tuple(values))
+
+  def stage_groups(self, j: int) -> Dict[int, Tuple[int, ...]]:
+    """Unique layer -> stages that use it at pass position j (static)."""
+    cfg = self.config
+    groups: Dict[int, Tuple[int, ...]] = {}
+    for r in range(cfg.num_repeats):
+      u = cfg.layer_order[r * cfg.num_unique_layers + j]
+      groups[u] = groups.get(u, ()) + (r,)
+    return groups
+
+  def speed_step(self, tokens: Array, carry: Array, positions: Array,
+                 cache: KVCache) -> Tuple[Array, Array, KVCache]:
+    """One SPEED pipeline step: slot s holds a token at stage (repetition) s.
+
+    Stage 0 starts from the embedding of `tokens`; stage s > 0 continues from
+    the hidden state its token reached one step earlier, in slot s-1. All R
+    slots then run through the G shared layers in one pass of B*R rows, each
+    reading and writing only its own stage's caches.
+
+    Args:
+      tokens: [batch] tokens entering stage 0.
+      carry: [batch, R-1, emb] hidden states entering stages 1..R-1, i.e. the
+        previous step's returned `hidden[:, :-1]`.
+      positions: [batch, R] absolute position of each slot's token, -1 for an
+        empty slot (which then writes nothing).
+      cache: the `KVCache`.
+
+    Returns:
+      Each slot's exit logits [batch, R, vocab] (slot s: exit after
+      repetition s+1), each slot's hidden state [batch, R, emb], and the
+      updated cache.
+    """
+    cfg = self.config
+    keys, values = list(cache.keys), list(cache.values)
+    bias = self._step_bias(positions, cache.length)           # [b, R, h, len]
+    x = jnp.concatenate([self._embed(tokens[:, None], deterministic=True),
+                         carry.astype(cfg.dtype)], axis=1)    # [b, R, emb]
+    for j in range(cfg.num_unique_layers):
+      groups = self.stage_groups(j)
+      if len(groups) == 1:  # CYCLE: one weight load serves every stage.
+        x, keys[j], values[j] = self.layers[next(iter(groups))].step(
+            x, positions, bias, keys[j], values[j],
+            stages=tuple(range(cfg.num_repeats)))
+        continue
+      y = x
+      for u, stages in groups.items():
+        idx = np.asarray(stages)
+        out, keys[j], values[j] = self.layers[u].step(
+            x[:, idx], positions[:, idx], bias[:, idx], keys[j], values[j],
+            stages=stages)
+        y = y.at[:, idx].set(out)
+      x = y
+    return self.exit_logits(x), x, KVCache(tuple(keys), tuple(values))
+
+
+class SpeedTransformer(nn.Module):
+  """Outer "decoder/" name scope, as T5X's DecoderWrapper; the model module."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    self.decoder = Decoder(self.config)
+
+  def __call__(self, *args, **kwargs):
+    return self.decoder(*args, **kwargs)
+
+  def prefill(self, *args, **kwargs):
+    return self.decoder.prefill(*args, **kwargs)
+
+  def decode_step(self, *args, **kwargs):
+    return self.decoder.decode_step(*args, **kwargs)
+
+  def speed_step(self, *args, **kwargs):
+    return self.decoder.speed_step(*args, **kwargs)

@@ -1,0 +1,1 @@
+"""seqio tasks and mixtures of the SPEED paper, registered on import."""
