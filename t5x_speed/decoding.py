@@ -1,0 +1,494 @@
+"""Greedy and SPEED decoding under T5X's decode-fn contract.
+
+Both functions take what T5X's `DecoderOnlyModel.predict_batch_with_aux`
+passes to its `decode_fn` (`inputs`, a prefilled `cache`, `tokens_to_logits`,
+`eos_id`, `num_decodes`, `initial_index`, `cache_offset`, decoder params) and
+return `(decodes [batch, 1, length], scores [batch, 1])`; `decodes[:, 0, k]` is
+the token at position k+1, the prompt included, zeros after the end.
+
+Positions follow T5X: `inputs[:, 0]` is BOS (0), the cache holds positions
+< `initial_index`, and the first step feeds `inputs[:, initial_index]`, the
+last prompt token. An example ends when its *final-stage* prediction is
+`eos_id` (prompt EOS tokens do not count) or when it has produced the token at
+position min(length, initial_index + max_decode_steps).
+"""
+
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import flax
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+# (tokens [B], carry [B, R-1, E], positions [B, R], cache)
+#   -> (logits [B, R, V], hidden [B, R, E], cache)
+PipelineStepFn = Callable[[Array, Array, Array, Any], Tuple[Array, Array, Any]]
+
+
+@flax.struct.dataclass
+class DecodingState:
+  """What `tokens_to_logits` sees; the fields of T5X's `DecodingState`.
+
+  Attributes:
+    cur_index: [batch] position of `cur_token`; -1 for a finished example,
+      whose step must write nothing.
+    sequences: [batch, length] tokens so far.
+    cur_token: [batch, 1] the token to run.
+    cache: the model's cache.
+  """
+
+  cur_index: Array
+  sequences: Array
+  cur_token: Array
+  cache: Any
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _validate(inputs, initial_index, max_decode_steps, num_decodes,
+              cache_offset, cache) -> Tuple[Array, Array]:
+  """Checks the arguments before tracing; returns (initial_index, max_len)."""
+  if inputs.ndim != 2:
+    raise ValueError(f'inputs must be [batch, length], got {inputs.shape}.')
+  batch, length = inputs.shape
+  if batch == 0 or length == 0:
+    raise ValueError(f'inputs is empty (shape {inputs.shape}): nothing to '
+                     'decode.')
+  if num_decodes != 1:
+    raise ValueError(f'num_decodes={num_decodes}: greedy decoding has one '
+                     'result per example; use num_decodes=1.')
+  if cache_offset != 0:
+    raise ValueError(f'cache_offset={cache_offset}: scanned caches are not '
+                     'supported.')
+  cache_length = getattr(cache, 'length', None)
+  if cache_length is not None and cache_length < length:
+    raise ValueError(f'The cache holds {cache_length} positions but inputs '
+                     f'has length {length}.')
+  if initial_index is None:
+    initial_index = jnp.zeros((batch,), jnp.int32)
+  initial_index = jnp.asarray(initial_index, jnp.int32)
+  if initial_index.shape != (batch,):
+    raise ValueError(f'initial_index must have shape ({batch},), got '
+                     f'{initial_index.shape}.')
+  if _is_concrete(initial_index):
+    bad = np.asarray(initial_index)
+    if bad.min() < 0 or bad.max() >= length:
+      raise ValueError(
+          f'initial_index {bad.tolist()} must lie in [0, {length}): the '
+          f'prefix is longer than the cache of {length} positions.')
+  if max_decode_steps is None:
+    max_len = jnp.full((batch,), length, jnp.int32)
+  else:
+    if _is_concrete(max_decode_steps) and np.min(max_decode_steps) < 1:
+      raise ValueError(f'max_decode_steps must be >= 1, got '
+                       f'{max_decode_steps}.')
+    max_len = jnp.minimum(length, initial_index + max_decode_steps)
+  if _is_concrete(inputs):
+    if np.asarray(inputs).min() < 0:
+      raise ValueError('inputs holds negative token ids.')
+  return initial_index, max_len.astype(jnp.int32)
+
+
+def check_token_range(inputs: Array, vocab_size: int):
+  """Raises ValueError if concrete `inputs` hold ids outside the vocabulary."""
+  if _is_concrete(inputs) and inputs.size:
+    high = int(np.asarray(inputs).max())
+    if high >= vocab_size:
+      raise ValueError(f'inputs holds token id {high}, outside the vocabulary '
+                       f'of {vocab_size}.')
+
+
+def _first_tokens(inputs: Array, initial_index: Array) -> Tuple[Array, Array]:
+  """The [batch, length + 1] sequence buffer and the tokens at initial_index."""
+  sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
+  return sequences, jnp.take_along_axis(sequences, initial_index[:, None], 1)[:, 0]
+
+
+def _token_log_prob(logits: Array, tokens: Array) -> Array:
+  """log_softmax(logits)[tokens]: [batch, vocab], [batch] -> [batch]."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  return jnp.take_along_axis(log_probs, tokens[:, None], -1)[:, 0]
+
+
+def _write(sequences: Array, positions: Array, tokens: Array,
+           where: Array) -> Array:
+  """sequences[b, positions[b]] = tokens[b] where `where`, else untouched."""
+  rows = jnp.arange(sequences.shape[0])
+  positions = jnp.where(where, positions, sequences.shape[1])  # dropped
+  return sequences.at[rows, positions].set(tokens, mode='drop')
+
+
+# ----------------------------------------------------------------------------
+# Greedy
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class GreedyState:
+  """Loop state of `greedy_decode`.
+
+  Attributes:
+    cur_index: [batch] position of `cur_token`.
+    cur_token: [batch] token to run next.
+    sequences: [batch, length + 1] token at each position.
+    ended: [batch] bool.
+    log_prob: [batch] summed log-probabilities of the produced tokens.
+    cache: the model's cache.
+  """
+
+  cur_index: Array
+  cur_token: Array
+  sequences: Array
+  ended: Array
+  log_prob: Array
+  cache: Any
+
+
+def greedy_decode(inputs: Array,
+                  cache: Any,
+                  tokens_to_logits: Callable[[DecodingState], Tuple[Array, Any]],
+                  eos_id: int,
+                  num_decodes: int = 1,
+                  initial_index: Optional[Array] = None,
+                  max_decode_steps: Optional[int] = None,
+                  cache_offset: int = 0,
+                  decode_rng: Optional[Array] = None,
+                  **unused_decoder_params) -> Tuple[Array, Array]:
+  """Stripped-down greedy decoding: one full-depth token per loop step.
+
+  Args:
+    inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
+    cache: cache prefilled for positions < initial_index.
+    tokens_to_logits: `DecodingState` -> (logits [batch, vocab], new cache).
+    eos_id: end-of-sequence id.
+    num_decodes: must be 1.
+    initial_index: [batch] prompt lengths; defaults to 0 (decode from BOS).
+    max_decode_steps: optional limit on produced tokens per example.
+    cache_offset: must be 0.
+    decode_rng: ignored (greedy is deterministic); accepted for T5X.
+    **unused_decoder_params: other T5X decoder params, ignored.
+
+  Returns:
+    (decodes [batch, 1, length], scores [batch, 1]).
+  """
+  del decode_rng, unused_decoder_params
+  initial_index, max_len = _validate(inputs, initial_index, max_decode_steps,
+                                     num_decodes, cache_offset, cache)
+  sequences, token0 = _first_tokens(inputs, initial_index)
+  length = inputs.shape[1]
+
+  def greedy_cond_fn(state: GreedyState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def greedy_body_fn(state: GreedyState) -> GreedyState:
+    live = ~state.ended
+    logits, cache = tokens_to_logits(DecodingState(
+        cur_index=jnp.where(live, state.cur_index, -1),
+        sequences=state.sequences[:, :length],
+        cur_token=state.cur_token[:, None],
+        cache=state.cache))
+    token = jnp.argmax(logits, -1).astype(jnp.int32)
+    position = state.cur_index + 1
+    ended = state.ended | (live & ((token == eos_id) | (position >= max_len)))
+    return GreedyState(
+        cur_index=jnp.where(live, position, state.cur_index),
+        cur_token=token,
+        sequences=_write(state.sequences, position, token, live),
+        ended=ended,
+        log_prob=state.log_prob + jnp.where(
+            live, _token_log_prob(logits, token), 0.0),
+        cache=cache)
+
+  final = lax.while_loop(greedy_cond_fn, greedy_body_fn, GreedyState(
+      cur_index=initial_index, cur_token=token0, sequences=sequences,
+      ended=jnp.zeros_like(initial_index, bool),
+      log_prob=jnp.zeros(initial_index.shape, jnp.float32), cache=cache))
+  return final.sequences[:, None, 1:], final.log_prob[:, None]
+
+
+# ----------------------------------------------------------------------------
+# SPEED
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class SpeedStats:
+  """Per-example SPEED counters (B examples, R stages).
+
+  Attributes:
+    num_steps: [batch] loop steps taken while the example was live.
+    num_tokens: [batch] tokens committed.
+    occupied_slots: [batch] occupied stages summed over live steps.
+    flushes: [batch, R] restarts triggered by a mismatch at each stage.
+    stage_evaluations: [batch, R] tokens run at each stage, flushed included.
+    stage_flips: [batch, R] of those, predictions that differ from the same
+      token's prediction at the previous stage (always 0 at stage 0).
+  """
+
+  num_steps: Array
+  num_tokens: Array
+  occupied_slots: Array
+  flushes: Array
+  stage_evaluations: Array
+  stage_flips: Array
+
+  @classmethod
+  def zeros(cls, batch: int, stages: int) -> 'SpeedStats':
+    z = lambda *s: jnp.zeros(s, jnp.int32)
+    return cls(z(batch), z(batch), z(batch), z(batch, stages),
+               z(batch, stages), z(batch, stages))
+
+  def summary(self) -> Dict[str, float]:
+    """Batch totals and rates as Python numbers (host side)."""
+    s = jax.tree.map(lambda x: np.asarray(x, np.float64).sum(0), self)
+    stages = s.flushes.shape[0]
+    out = {
+        'example_steps': float(s.num_steps),
+        'tokens': float(s.num_tokens),
+        'steps_per_token': float(s.num_steps / max(s.num_tokens, 1)),
+        'occupancy': float(s.occupied_slots / max(s.num_steps * stages, 1)),
+        'flushes': float(s.flushes.sum()),
+    }
+    for r in range(stages):
+      out[f'flushes/stage_{r + 1}'] = float(s.flushes[r])
+      if r:
+        out[f'flip_rate/stage_{r + 1}'] = float(
+            s.stage_flips[r] / max(s.stage_evaluations[r], 1))
+    return out
+
+
+@flax.struct.dataclass
+class SpeedSchedule:
+  """What each loop step ran, for inspection and replay; [steps, batch, R].
+
+  Attributes:
+    positions: position at each stage, -1 for empty stages.
+    tokens: token at each stage (meaningful where positions >= 0).
+    predictions: each stage's exit prediction.
+    flushes: bool, the stage whose mismatch flushed its successors.
+    num_steps: [] loop steps recorded.
+  """
+
+  positions: Array
+  tokens: Array
+  predictions: Array
+  flushes: Array
+  num_steps: Array
+
+
+@flax.struct.dataclass
+class SpeedState:
+  """Loop state of `speed_decode` (B examples, R stages, width E).
+
+  Attributes:
+    stage_positions: [B, R] position of the token at each stage, -1 when the
+      stage is empty (the paper's iteration_indices).
+    stage_tokens: [B, R] token at each stage; stage_tokens[:, 0] enters next.
+    stage_last_preds: [B, R] each token's prediction at its previous stage.
+    carry: [B, R-1, E] hidden states entering stages 1..R-1.
+    sequences: [B, length + 1] committed token at each position.
+    ended: [B] bool.
+    log_prob: [B] final-stage log-probabilities of the committed tokens.
+    cache: the model's cache.
+    stats: `SpeedStats`.
+    schedule: `SpeedSchedule`, or None when not recorded.
+  """
+
+  stage_positions: Array
+  stage_tokens: Array
+  stage_last_preds: Array
+  carry: Array
+  sequences: Array
+  ended: Array
+  log_prob: Array
+  cache: Any
+  stats: SpeedStats
+  schedule: Optional[SpeedSchedule]
+
+
+def speed_decode(inputs: Array,
+                 cache: Any,
+                 tokens_to_logits: Optional[Callable[..., Any]] = None,
+                 eos_id: int = 1,
+                 num_decodes: int = 1,
+                 initial_index: Optional[Array] = None,
+                 max_decode_steps: Optional[int] = None,
+                 cache_offset: int = 0,
+                 decode_rng: Optional[Array] = None,
+                 *,
+                 pipeline_step_fn: Optional[PipelineStepFn] = None,
+                 initial_carry: Optional[Array] = None,
+                 return_stats: bool = False,
+                 record_schedule: bool = False,
+                 **unused_decoder_params):
+  """SPEED: speculative pipelined greedy decoding of a shared-exit model.
+
+  Each loop step runs the G shared layers once over R slots per example, slot
+  r holding the token at stage (repetition) r (`pipeline_step_fn`). Then:
+
+  * the token leaving the last stage is committed: its final-stage prediction
+    is the next output token;
+  * a token whose new prediction differs from the token its successor (found
+    by position) was started with flushes every later token; of several such
+    mismatches the oldest (lowest position) wins;
+  * the newest surviving token's prediction enters stage 0.
+
+  The output is greedy decoding of the final exit, token for token.
+
+  Worked example (R = 3, prompt = BOS at position 0, eos_id = 1). The middle
+  and final exits predict 5 6 7 8 1 for positions 1..5; the first exit agrees
+  except that, run on position 2, it predicts 9 (not 7) for position 3. "p:t"
+  is position p holding token t; "commits" is the token committed for the
+  position after the last stage's:
+
+    step | stage 1 | stage 2 | stage 3 | commits | flush
+       1 | 0:0     | -       | -       |         |
+       2 | 1:5     | 0:0     | -       |         |
+       3 | 2:6     | 1:5     | 0:0     | 5       |
+       4 | 3:9     | 2:6     | 1:5     | 6       | stage 2
+       5 | 3:7     | -       | 2:6     | 7       |
+       6 | 4:8     | 3:7     | -       |         |
+       7 | 5:1     | 4:8     | 3:7     | 8       |
+       8 | 6:0     | 5:1     | 4:8     | 1       |
+
+  At step 4 the middle exit of position 2 predicts 7 while position 3 was
+  started with 9: position 3 restarts at stage 1 with 7 (step 5) and the
+  flushed 3:9 never reaches stage 2. Output: 5 6 7 8 1 in 8 loop steps with
+  one flush (greedy: 5 full-depth steps). tests/test_decoding.py replays this
+  table.
+
+  Args:
+    inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
+    cache: cache prefilled for positions < initial_index.
+    tokens_to_logits: unused; accepted so T5X can pass it.
+    eos_id: end-of-sequence id.
+    num_decodes: must be 1.
+    initial_index: [batch] prompt lengths; defaults to 0.
+    max_decode_steps: optional limit on produced tokens per example.
+    cache_offset: must be 0.
+    decode_rng: ignored; accepted for T5X.
+    pipeline_step_fn: (tokens [B], carry [B, R-1, E], positions [B, R], cache)
+      -> (logits [B, R, V], hidden [B, R, E], cache). Stage r-1's logits
+      only steer speculation; the last stage's must be the model's.
+    initial_carry: [B, R-1, E] initial hidden states (zeros), which fix R.
+    return_stats: also return `SpeedStats`.
+    record_schedule: also return the `SpeedSchedule` (memory grows with
+      R * length steps).
+    **unused_decoder_params: other T5X decoder params, ignored.
+
+  Returns:
+    (decodes [batch, 1, length], scores [batch, 1]), followed by `SpeedStats`
+    if `return_stats` and by `SpeedSchedule` if `record_schedule`.
+  """
+  del tokens_to_logits, decode_rng, unused_decoder_params
+  if pipeline_step_fn is None or initial_carry is None:
+    raise ValueError(
+        'speed_decode needs pipeline_step_fn and initial_carry: the model '
+        'must have shared exits (e.g. t5x_speed.models.SpeedDecoderOnlyModel). '
+        'Use greedy_decode or temperature_sample for other models.')
+  initial_index, max_len = _validate(inputs, initial_index, max_decode_steps,
+                                     num_decodes, cache_offset, cache)
+  batch, length = inputs.shape
+  if initial_carry.ndim != 3 or initial_carry.shape[0] != batch:
+    raise ValueError(f'initial_carry must be [batch={batch}, R-1, width], got '
+                     f'{initial_carry.shape}.')
+  stages = initial_carry.shape[1] + 1
+  sequences, token0 = _first_tokens(inputs, initial_index)
+  rows = jnp.arange(batch)
+  stage_ids = jnp.arange(stages)
+  max_steps = stages * (length + 1)  # Commits are at most R steps apart.
+
+  def speed_cond_fn(state: SpeedState) -> Array:
+    return ~jnp.all(state.ended)
+
+  def speed_body_fn(state: SpeedState) -> SpeedState:
+    pos, tok = state.stage_positions, state.stage_tokens
+    valid = pos >= 0                                             # [B, R]
+    logits, hidden, cache = pipeline_step_fn(tok[:, 0], state.carry, pos,
+                                             state.cache)
+    preds = jnp.argmax(logits, -1).astype(jnp.int32)             # [B, R]
+
+    # The token leaving the last stage commits its final-stage prediction.
+    commits = valid[:, -1]
+    committed, commit_at = preds[:, -1], pos[:, -1] + 1
+    ended = state.ended | (commits & ((committed == eos_id) |
+                                      (commit_at >= max_len)))
+
+    # Successors are found by position: flushes leave gaps between stages.
+    # is_succ[b, r, s]: stage s holds the successor of stage r's token.
+    is_succ = valid[:, None, :] & (pos[:, None, :] == pos[:, :, None] + 1)
+    succ_token = jnp.sum(jnp.where(is_succ, tok[:, None, :], 0), -1)
+    mismatch = valid & jnp.any(is_succ, -1) & (succ_token != preds)
+    # The oldest (lowest-position) mismatch wins; later tokens are flushed.
+    cut = jnp.min(jnp.where(mismatch, pos, length + 1), -1)       # [B]
+    survive = valid & (pos <= cut[:, None]) & ~ended[:, None]
+    flushed_by = mismatch & (pos == cut[:, None]) & ~ended[:, None]
+
+    # The newest survivor's prediction enters stage 0, if within the limit.
+    newest = jnp.argmax(jnp.where(survive, pos, -1), -1)          # [B]
+    new_pos = pos[rows, newest] + 1
+    enters = jnp.any(survive, -1) & (new_pos < max_len)
+
+    # Survivors advance one stage; the last stage's token has left.
+    shift = lambda first, x: jnp.concatenate([first[:, None], x[:, :-1]], 1)
+    stats = state.stats
+    live = ~state.ended
+    stats = SpeedStats(
+        num_steps=stats.num_steps + live,
+        num_tokens=stats.num_tokens + commits,
+        occupied_slots=stats.occupied_slots + valid.sum(-1),
+        flushes=stats.flushes + flushed_by,
+        stage_evaluations=stats.stage_evaluations + valid,
+        stage_flips=stats.stage_flips + (
+            valid & (stage_ids > 0) & (preds != state.stage_last_preds)))
+    schedule = state.schedule
+    if schedule is not None:
+      step = jnp.minimum(schedule.num_steps, max_steps - 1)
+      record = lambda buf, x: buf.at[step].set(x)
+      schedule = SpeedSchedule(
+          positions=record(schedule.positions, pos),
+          tokens=record(schedule.tokens, tok),
+          predictions=record(schedule.predictions, preds),
+          flushes=record(schedule.flushes, flushed_by),
+          num_steps=schedule.num_steps + 1)
+    return SpeedState(
+        stage_positions=shift(jnp.where(enters, new_pos, -1),
+                              jnp.where(survive, pos, -1)),
+        stage_tokens=shift(preds[rows, newest], tok),
+        stage_last_preds=shift(jnp.zeros_like(newest), preds),
+        carry=hidden[:, :-1],
+        sequences=_write(state.sequences, commit_at, committed, commits),
+        ended=ended,
+        log_prob=state.log_prob + jnp.where(
+            commits, _token_log_prob(logits[:, -1], committed), 0.0),
+        cache=cache,
+        stats=stats,
+        schedule=schedule)
+
+  schedule = None
+  if record_schedule:
+    buf = lambda dtype: jnp.zeros((max_steps, batch, stages), dtype)
+    schedule = SpeedSchedule(buf(jnp.int32), buf(jnp.int32), buf(jnp.int32),
+                             buf(bool), jnp.zeros((), jnp.int32))
+  empty = jnp.full((batch, stages - 1), -1, jnp.int32)
+  final = lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
+      stage_positions=jnp.concatenate([initial_index[:, None], empty], 1),
+      stage_tokens=jnp.concatenate([token0[:, None], 0 * empty], 1),
+      stage_last_preds=jnp.zeros((batch, stages), jnp.int32),
+      carry=initial_carry,
+      sequences=sequences,
+      ended=jnp.zeros((batch,), bool),
+      log_prob=jnp.zeros((batch,), jnp.float32),
+      cache=cache,
+      stats=SpeedStats.zeros(batch, stages),
+      schedule=schedule))
+  outputs = (final.sequences[:, None, 1:], final.log_prob[:, None])
+  if return_stats:
+    outputs += (final.stats,)
+  if record_schedule:
+    outputs += (final.schedule,)
+  return outputs

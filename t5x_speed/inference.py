@@ -1,0 +1,169 @@
+"""Decoding a `SpeedTransformer` without T5X: prefill, step functions, generate.
+
+The T5X model (models.py) wires the same step functions into T5X; this module
+serves the tests, the demo and the benchmark.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from t5x_speed import network
+  >>> cfg = network.TransformerConfig(vocab_size=16, emb_dim=8, num_heads=2,
+  ...     head_dim=4, mlp_dim=16, num_unique_layers=2, num_repeats=3)
+  >>> module = network.SpeedTransformer(cfg)
+  >>> tokens = jnp.ones((1, 4), jnp.int32)
+  >>> params = module.init(jax.random.PRNGKey(0), tokens, tokens,
+  ...                      enable_dropout=False)['params']
+  >>> prompts = jnp.array([[3, 4, 5], [6, 7, 0]])
+  >>> speed = generate(module, params, prompts, jnp.array([3, 2]),
+  ...                  max_decode_steps=6, method='speed', eos_id=1)
+  >>> greedy = generate(module, params, prompts, jnp.array([3, 2]),
+  ...                   max_decode_steps=6, method='greedy', eos_id=1)
+  >>> bool((speed.tokens == greedy.tokens).all()), speed.tokens.shape
+  (True, (2, 6))
+"""
+
+import functools
+from typing import Any, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from t5x_speed import decoding
+from t5x_speed import network
+
+Array = jax.Array
+METHODS = ('speed', 'greedy')
+
+
+def step_fns(module: network.SpeedTransformer, params: Any):
+  """(tokens_to_logits, pipeline_step_fn) of `module` with `params`."""
+
+  def tokens_to_logits(state: decoding.DecodingState) -> Tuple[Array, Any]:
+    return module.apply({'params': params}, state.cur_token[:, 0],
+                        state.cur_index, state.cache, method='decode_step')
+
+  def pipeline_step_fn(tokens, carry, positions, cache):
+    return module.apply({'params': params}, tokens, carry, positions, cache,
+                        method='speed_step')
+
+  return tokens_to_logits, pipeline_step_fn
+
+
+def initial_carry(config: network.TransformerConfig, batch: int) -> Array:
+  """Zero hidden states entering stages 1..R-1: [batch, R-1, emb]."""
+  return jnp.zeros((batch, config.num_repeats - 1, config.emb_dim),
+                   config.dtype)
+
+
+def prefill(module: network.SpeedTransformer, params: Any, inputs: Array,
+            initial_index: Array,
+            bidirectional: bool = False) -> network.KVCache:
+  """Caches positions < initial_index of BOS-shifted `inputs` [batch, length].
+
+  With `bidirectional`, positions <= initial_index (BOS and the prompt) attend
+  to each other, as T5X's `inputs_bidirectional_attention`.
+  """
+  causal = None
+  if bidirectional:
+    causal = (jnp.arange(inputs.shape[1]) <= initial_index[:, None]).astype(
+        jnp.int32)
+  _, cache = module.apply({'params': params}, inputs, initial_index, causal,
+                          method='prefill')
+  return cache
+
+
+@flax.struct.dataclass
+class Generation:
+  """Result of `generate`.
+
+  Attributes:
+    tokens: [batch, max_decode_steps] produced tokens, zeros after EOS.
+    scores: [batch] log-probability of the produced tokens (final exit).
+    stats: `decoding.SpeedStats` for SPEED, else None.
+    schedule: `decoding.SpeedSchedule` when recorded, else None.
+  """
+
+  tokens: Array
+  scores: Array
+  stats: Optional[decoding.SpeedStats] = None
+  schedule: Optional[decoding.SpeedSchedule] = None
+
+
+def build_inputs(prompts: Array, prompt_lengths: Array,
+                 max_decode_steps: int) -> Array:
+  """[batch, P] right-padded prompts -> [batch, 1 + P + steps] T5X inputs."""
+  batch, width = prompts.shape
+  keep = jnp.arange(width) < prompt_lengths[:, None]
+  return jnp.concatenate([
+      jnp.zeros((batch, 1), jnp.int32),
+      jnp.where(keep, prompts, 0).astype(jnp.int32),
+      jnp.zeros((batch, max_decode_steps), jnp.int32)], axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
+    'record_schedule'))
+def _generate(module, params, inputs, prompt_lengths, *, max_decode_steps,
+              method, eos_id, bidirectional, record_schedule) -> Generation:
+  cache = prefill(module, params, inputs, prompt_lengths, bidirectional)
+  tokens_to_logits, pipeline_step_fn = step_fns(module, params)
+  kwargs = dict(inputs=inputs, cache=cache, eos_id=eos_id,
+                initial_index=prompt_lengths, max_decode_steps=max_decode_steps)
+  stats = schedule = None
+  if method == 'greedy':
+    decodes, scores = decoding.greedy_decode(
+        tokens_to_logits=tokens_to_logits, **kwargs)
+  else:
+    out = decoding.speed_decode(
+        pipeline_step_fn=pipeline_step_fn,
+        initial_carry=initial_carry(module.config, inputs.shape[0]),
+        return_stats=True, record_schedule=record_schedule, **kwargs)
+    decodes, scores, stats = out[:3]
+    schedule = out[3] if record_schedule else None
+  # decodes[:, 0, k] is position k+1; generation starts at prompt_length+1.
+  produced = jax.vmap(lambda row, start: jax.lax.dynamic_slice(
+      row, (start,), (max_decode_steps,)))(decodes[:, 0], prompt_lengths)
+  return Generation(produced, scores[:, 0], stats, schedule)
+
+
+def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
+             prompt_lengths: Array, *, max_decode_steps: int,
+             method: str = 'speed', eos_id: int = 1,
+             bidirectional: bool = False,
+             record_schedule: bool = False) -> Generation:
+  """Greedy or SPEED generation from right-padded prompts (jitted).
+
+  Args:
+    module: the network.
+    params: its parameters.
+    prompts: [batch, P] token ids, zeros after each prompt.
+    prompt_lengths: [batch] prompt lengths (0 decodes from BOS alone).
+    max_decode_steps: tokens to produce at most per example.
+    method: 'speed' or 'greedy'.
+    eos_id: end-of-sequence id.
+    bidirectional: prefix-LM attention over BOS + prompt during prefill.
+    record_schedule: keep SPEED's per-step schedule.
+
+  Returns:
+    A `Generation`.
+  """
+  if method not in METHODS:
+    raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
+  prompts = jnp.asarray(prompts)
+  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  if prompts.ndim != 2 or prompt_lengths.shape != prompts.shape[:1]:
+    raise ValueError(f'prompts must be [batch, P] and prompt_lengths [batch], '
+                     f'got {prompts.shape} and {prompt_lengths.shape}.')
+  if int(prompt_lengths.min(initial=0)) < 0 or int(
+      prompt_lengths.max(initial=0)) > prompts.shape[1]:
+    raise ValueError(f'prompt_lengths {prompt_lengths.tolist()} must lie in '
+                     f'[0, {prompts.shape[1]}].')
+  if not isinstance(max_decode_steps, int) or max_decode_steps < 1:
+    raise ValueError(f'max_decode_steps must be an integer >= 1, got '
+                     f'{max_decode_steps!r}.')
+  decoding.check_token_range(prompts, module.config.vocab_size)
+  inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
+  return _generate(module, params, inputs, prompt_lengths,
+                   max_decode_steps=max_decode_steps, method=method,
+                   eos_id=eos_id, bidirectional=bidirectional,
+                   record_schedule=record_schedule)

@@ -1,0 +1,189 @@
+"""SPEED decoding: the worked example, the traps, exactness against greedy."""
+
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import inference
+from helpers import tiny_model
+
+VOCAB = 13
+
+
+def toy_pipeline(table, vocab=VOCAB):
+  """A pipeline whose stage-r exit at position p predicts table[r][p].
+
+  Returns (pipeline_step_fn, tokens_to_logits, initial carry, cache).
+  """
+  table = jnp.asarray(table, jnp.int32)
+  stages = table.shape[0]
+
+  def predict(stage_rows, positions):
+    safe = jnp.clip(positions, 0, table.shape[1] - 1)
+    return 10.0 * jax.nn.one_hot(table[stage_rows, safe], vocab)
+
+  def pipeline_step_fn(tokens, carry, positions, cache):
+    del tokens
+    logits = predict(jnp.arange(stages)[None, :], positions)
+    return logits, jnp.zeros(positions.shape + (1,)), cache
+
+  def tokens_to_logits(state):
+    return predict(stages - 1, state.cur_index), state.cache
+
+  return pipeline_step_fn, tokens_to_logits, jnp.zeros((1, stages - 1, 1))
+
+
+def _speed(table, length, **kwargs):
+  step, _, carry = toy_pipeline(table)
+  inputs = jnp.zeros((1, length), jnp.int32)
+  return decoding.speed_decode(inputs, jnp.zeros(()), eos_id=1,
+                               pipeline_step_fn=step, initial_carry=carry,
+                               return_stats=True, record_schedule=True,
+                               **kwargs)
+
+
+def _parse_worked_example():
+  """The schedule table of speed_decode's docstring, row by row."""
+  rows = []
+  for line in decoding.speed_decode.__doc__.splitlines():
+    match = re.match(r'\s+(\d+) \|(.*)', line)
+    if match:
+      cells = [c.strip() for c in match.group(2).split('|')]
+      stages = [None if c == '-' else tuple(map(int, c.split(':')))
+                for c in cells[:3]]
+      commit = int(cells[3]) if cells[3] else None
+      flush = int(cells[4].split()[1]) - 1 if cells[4] else None
+      rows.append((int(match.group(1)), stages, commit, flush))
+  return rows
+
+
+class WorkedExampleTest(absltest.TestCase):
+
+  def test_docstring_table_is_what_speed_does(self):
+    final = [5, 6, 7, 8, 1, 0, 0, 0, 0, 0]   # prediction of position p
+    first = list(final)
+    first[2] = 9
+    rows = _parse_worked_example()
+    self.assertLen(rows, 8)
+    decodes, _, stats, schedule = _speed([first, final, final], length=10)
+    self.assertEqual(int(schedule.num_steps), len(rows))
+    for step, stages, commit, flush in rows:
+      t = step - 1
+      for r, cell in enumerate(stages):
+        position = int(schedule.positions[t, 0, r])
+        if cell is None:
+          self.assertEqual(position, -1, (step, r))
+        else:
+          self.assertEqual((position, int(schedule.tokens[t, 0, r])), cell,
+                           (step, r))
+      got_commit = (int(schedule.predictions[t, 0, -1])
+                    if schedule.positions[t, 0, -1] >= 0 else None)
+      self.assertEqual(got_commit, commit, step)
+      flushed = np.flatnonzero(np.asarray(schedule.flushes[t, 0]))
+      self.assertEqual(flushed.tolist(), [] if flush is None else [flush],
+                       step)
+    np.testing.assert_array_equal(decodes[0, 0, :6], [5, 6, 7, 8, 1, 0])
+    self.assertEqual(int(stats.num_tokens[0]), 5)
+    self.assertEqual(int(stats.num_steps[0]), 8)
+    self.assertEqual(stats.flushes[0].tolist(), [0, 1, 0])
+
+
+class ControlLogicTest(absltest.TestCase):
+
+  def test_oldest_mismatch_wins(self):
+    # Step 4 holds positions 3, 2, 1 in stages 1..3. Stage 2 (position 2)
+    # and stage 3 (position 1) both disagree with their successors: the
+    # older one (position 1) must win and restart position 2 with its 6.
+    final = [5, 6, 7, 8, 1, 0, 0, 0, 0, 0]
+    first = [5, 4, 9, 8, 1, 0, 0, 0, 0, 0]
+    middle = [5, 4, 3, 8, 1, 0, 0, 0, 0, 0]
+    decodes, _, stats, schedule = _speed([first, middle, final], length=10)
+    np.testing.assert_array_equal(decodes[0, 0, :5], [5, 6, 7, 8, 1])
+    self.assertEqual(schedule.flushes[3, 0].tolist(), [False, False, True])
+    self.assertEqual(schedule.positions[4, 0].tolist(), [2, -1, -1])
+    self.assertEqual(int(schedule.tokens[4, 0, 0]), 6)
+    self.assertEqual(int(stats.num_tokens[0]), 5)
+
+  def test_successor_found_by_position_across_a_gap(self):
+    # After a flush a token and its restarted successor sit two stages apart.
+    final = [5, 6, 7, 8, 9, 10, 1, 0, 0, 0, 0, 0]
+    first = [5, 3, 7, 8, 9, 10, 1, 0, 0, 0, 0, 0]
+    decodes, _, _, schedule = _speed([first, final, final, final], length=12)
+    np.testing.assert_array_equal(decodes[0, 0, :7], [5, 6, 7, 8, 9, 10, 1])
+    gaps = [schedule.positions[t, 0].tolist() for t in
+            range(int(schedule.num_steps))]
+    self.assertIn([2, -1, 1, 0], gaps)
+
+  def test_only_a_final_stage_eos_ends(self):
+    final = [5, 6, 7, 8, 1, 0, 0, 0, 0, 0]
+    first = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]   # speculates EOS everywhere
+    decodes, _, stats, _ = _speed([first, first, final], length=10)
+    np.testing.assert_array_equal(decodes[0, 0, :6], [5, 6, 7, 8, 1, 0])
+    self.assertEqual(int(stats.num_tokens[0]), 5)
+
+  def test_length_limit(self):
+    final = [5, 6, 7, 8, 9, 10, 11, 12, 3, 4]
+    decodes, _, stats, _ = _speed([final, final, final], length=10,
+                                  max_decode_steps=4)
+    np.testing.assert_array_equal(decodes[0, 0], [5, 6, 7, 8, 0, 0, 0, 0, 0, 0])
+    self.assertEqual(int(stats.num_tokens[0]), 4)
+    # No flushes: 4 tokens after R - 1 = 2 fill steps.
+    self.assertEqual(int(stats.num_steps[0]), 6)
+
+
+class BadInputTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.step, self.to_logits, self.carry = toy_pipeline([[0] * 6] * 3)
+    self.inputs = jnp.zeros((1, 6), jnp.int32)
+
+  @parameterized.parameters(
+      ('initial_index', dict(initial_index=jnp.array([6]))),
+      ('max_decode_steps', dict(max_decode_steps=0)),
+      ('num_decodes', dict(num_decodes=2)),
+  )
+  def test_bad_arguments(self, name, kwargs):
+    for decode in (
+        lambda **k: decoding.greedy_decode(self.inputs, None, self.to_logits,
+                                           1, **k),
+        lambda **k: decoding.speed_decode(self.inputs, None, eos_id=1,
+                                          pipeline_step_fn=self.step,
+                                          initial_carry=self.carry, **k)):
+      with self.assertRaisesRegex(ValueError, name):
+        decode(**kwargs)
+
+  def test_empty_batch(self):
+    with self.assertRaisesRegex(ValueError, 'empty'):
+      decoding.greedy_decode(jnp.zeros((0, 6), jnp.int32), None,
+                             self.to_logits, 1)
+
+  def test_model_without_shared_exits(self):
+    with self.assertRaisesRegex(ValueError, 'shared exits'):
+      decoding.speed_decode(self.inputs, None, self.to_logits, 1)
+
+  def test_tokens_outside_vocabulary(self):
+    module, params = tiny_model()
+    with self.assertRaisesRegex(ValueError, 'vocabulary'):
+      inference.generate(module, params, jnp.array([[3, 61]]),
+                         jnp.array([2]), max_decode_steps=3)
+
+  def test_cache_shorter_than_inputs(self):
+    module, params = tiny_model()
+    cache = inference.prefill(module, params, jnp.zeros((1, 4), jnp.int32),
+                              jnp.array([2]))
+    _, step = inference.step_fns(module, params)
+    with self.assertRaisesRegex(ValueError, 'cache'):
+      decoding.speed_decode(jnp.zeros((1, 8), jnp.int32), cache, eos_id=1,
+                            pipeline_step_fn=step,
+                            initial_carry=inference.initial_carry(
+                                module.config, 1))
+
+
+if __name__ == '__main__':
+  absltest.main()
