@@ -1,1 +1,35 @@
-"""seqio tasks and mixtures of the SPEED paper, registered on import."""
+"""seqio tasks and mixtures of the SPEED paper, registered on import.
+
+`import t5x_speed.tasks` registers, with T5's SentencePiece vocabulary (or the
+model file named by the environment variable T5X_SPEED_VOCAB, read now):
+
+* tasks 'speed_c4_prefix_lm', 'speed_c4_span_corruption', 'speed_wmt_ende',
+  'speed_paracrawl_ende', 'speed_paracrawl_paragraph_ende',
+  'speed_cnn_dailymail', 'speed_wikilingua_en';
+* mixtures 'speed_pretrain', 'speed_translation_ende', 'speed_summarization',
+  'speed_finetune_all'.
+
+Nothing is downloaded or read on import. `register_tasks` registers them
+again with another vocabulary or data locations.
+"""
+
+from t5x_speed.tasks.registry import C4_PREFIX_LM
+from t5x_speed.tasks.registry import C4_SPAN_CORRUPTION
+from t5x_speed.tasks.registry import CNN_DAILYMAIL
+from t5x_speed.tasks.registry import DEFAULT_VOCAB_PATH
+from t5x_speed.tasks.registry import default_vocabulary
+from t5x_speed.tasks.registry import FINETUNING_TASKS
+from t5x_speed.tasks.registry import MIXTURES
+from t5x_speed.tasks.registry import output_features
+from t5x_speed.tasks.registry import PARACRAWL_ENDE
+from t5x_speed.tasks.registry import PARACRAWL_PARAGRAPH_ENDE
+from t5x_speed.tasks.registry import PARAGRAPH_DIR_ENV_VAR
+from t5x_speed.tasks.registry import register_tasks
+from t5x_speed.tasks.registry import SEQUENCE_LENGTH
+from t5x_speed.tasks.registry import TASKS
+from t5x_speed.tasks.registry import VOCAB_ENV_VAR
+from t5x_speed.tasks.registry import WIKILINGUA_EN
+from t5x_speed.tasks.registry import WMT_ENDE
+from t5x_speed.tasks.sources import DatasetNotPreparedError
+
+register_tasks()

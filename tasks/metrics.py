@@ -1,0 +1,91 @@
+"""Evaluation metrics of the finetuning tasks, computed as T5 computes them.
+
+seqio calls each with the targets and predictions of a split, as strings.
+"""
+
+from typing import Dict, Sequence
+
+import sacrebleu
+from rouge_score import rouge_scorer
+from rouge_score import scoring
+
+ROUGE_KEYS = ('rouge1', 'rouge2', 'rougeLsum')
+
+
+def bleu(targets: Sequence[str], predictions: Sequence[str],
+         tokenizer: str = 'intl') -> Dict[str, float]:
+  """Corpus BLEU of sacrebleu with the settings of T5's `bleu` metric.
+
+  One reference per prediction; exponential smoothing, case-sensitive,
+  sacrebleu's international tokenisation, all four n-gram orders.
+
+  Example: n-gram precisions 5/6, 3/5, 2/4 and 1/3 and no brevity penalty
+  give 100 * (1/12) ** (1/4):
+
+  >>> targets = ['the cat sat on a mat']
+  >>> predictions = ['the cat sat on the mat']
+  >>> bleu(targets, predictions)  # doctest: +ELLIPSIS
+  {'bleu': 53.72...}
+
+  Args:
+    targets: reference translations.
+    predictions: model translations, aligned with `targets`.
+    tokenizer: sacrebleu tokenizer name.
+
+  Returns:
+    {'bleu': score in [0, 100]}.
+  """
+  if len(targets) != len(predictions):
+    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
+                     'predictions.')
+  score = sacrebleu.corpus_bleu(
+      list(predictions), [list(targets)],
+      smooth_method='exp',
+      smooth_value=0.0,
+      force=False,
+      lowercase=False,
+      tokenize=tokenizer,
+      use_effective_order=False)
+  return {'bleu': float(score.score)}
+
+
+def _prepare_summary(summary: str) -> str:
+  # rougeLsum scores sentence by sentence, splitting on newlines; T5 puts
+  # one after each " . " so that space-tokenised summaries split too.
+  return summary.replace(' . ', ' .\n')
+
+
+def rouge(targets: Sequence[str],
+          predictions: Sequence[str],
+          score_keys: Sequence[str] = ROUGE_KEYS) -> Dict[str, float]:
+  """F-measures of ROUGE-1, ROUGE-2 and ROUGE-Lsum, as T5's `rouge` metric.
+
+  Per-example F-measures of `rouge_score` (no stemming) are aggregated with
+  its bootstrap aggregator (mid estimate) and scaled to [0, 100].
+
+  Example: unigram precision 3/3 and recall 3/6, bigram 2/2 and 2/5, and
+  the longest common subsequence is the 3 unigrams:
+
+  >>> rouge(['the cat sat on the mat'], ['the cat sat'])  # doctest: +ELLIPSIS
+  {'rouge1': 66.66..., 'rouge2': 57.14..., 'rougeLsum': 66.66...}
+
+  Args:
+    targets: reference summaries.
+    predictions: model summaries, aligned with `targets`.
+    score_keys: `rouge_score` types to report.
+
+  Returns:
+    {score key: F-measure in [0, 100]}.
+  """
+  if len(targets) != len(predictions):
+    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
+                     'predictions.')
+  if not targets:
+    raise ValueError('ROUGE needs at least one example.')
+  scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys))
+  aggregator = scoring.BootstrapAggregator()
+  for target, prediction in zip(targets, predictions):
+    aggregator.add_scores(scorer.score(target=_prepare_summary(target),
+                                       prediction=_prepare_summary(prediction)))
+  result = aggregator.aggregate()
+  return {key: float(result[key].mid.fmeasure * 100) for key in score_keys}
