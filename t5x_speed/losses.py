@@ -184,7 +184,7 @@ def exit_statistics(exit_logits: Array, targets: Array,
                     weights: Optional[Array] = None) -> Dict[str, Tuple[Array, Array]]:
   """Per-exit accuracy and consecutive-exit flips, as (total, count) pairs.
 
-  `flip_rate/exit_i` is the fraction of (weighted) tokens whose argmax at exit
+  `exit_i/flip_rate` is the fraction of (weighted) tokens whose argmax at exit
   i differs from exit i-1: the paper's prediction (in)consistency, which
   drives how often SPEED flushes. Pairs suit `clu.metrics.Average(total,
   count)` and sum across batches.
@@ -195,7 +195,7 @@ def exit_statistics(exit_logits: Array, targets: Array,
     weights: optional [batch, length]; defaults to targets > 0.
 
   Returns:
-    {'accuracy/exit_i': ..., 'flip_rate/exit_i': ..., } with exits numbered
+    {'exit_i/accuracy': ..., 'exit_i/flip_rate': ...} with exits numbered
     from 1; flip rates for exits 2..R.
   """
   if weights is None:
@@ -205,9 +205,9 @@ def exit_statistics(exit_logits: Array, targets: Array,
   preds = jnp.argmax(exit_logits, axis=-1)                  # [R, batch, len]
   stats = {}
   for i in range(exit_logits.shape[0]):
-    stats[f'accuracy/exit_{i + 1}'] = (
+    stats[f'exit_{i + 1}/accuracy'] = (
         jnp.sum((preds[i] == targets) * weights), count)
     if i:
-      stats[f'flip_rate/exit_{i + 1}'] = (
+      stats[f'exit_{i + 1}/flip_rate'] = (
           jnp.sum((preds[i] != preds[i - 1]) * weights), count)
   return stats

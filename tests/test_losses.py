@@ -125,8 +125,8 @@ class ExitStatisticsTest(absltest.TestCase):
     ], jnp.float32)
     stats = losses.exit_statistics(logits, jnp.array([[2, 1, 0]]))
     ratio = {k: float(t) / float(c) for k, (t, c) in stats.items()}
-    self.assertEqual(ratio, {'accuracy/exit_1': 0.5, 'accuracy/exit_2': 1.0,
-                             'flip_rate/exit_2': 0.5})
+    self.assertEqual(ratio, {'exit_1/accuracy': 0.5, 'exit_2/accuracy': 1.0,
+                             'exit_2/flip_rate': 0.5})
 
 
 if __name__ == '__main__':

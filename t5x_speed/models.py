@@ -1,0 +1,241 @@
+"""T5X model for parameter-shared decoders with exits: SpeedDecoderOnlyModel.
+
+A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
+
+* `loss_fn` trains every exit with the weighted multi-exit loss and logs
+  per-exit loss, accuracy and consecutive-exit flip rate as CLU metrics;
+* `predict_batch_with_aux` prefills one cache per virtual layer and calls the
+  configured decode fn: `decoding.speed_decode` gets the pipelined SPEED step
+  (and its statistics land in the aux dict), while `decoding.greedy_decode` and
+  T5X's own `decoding.temperature_sample` run the full-depth step;
+* `score_batch` scores with the final exit, or with every exit.
+
+This is the only module of the package that imports T5X.
+"""
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Tuple
+
+import clu.metrics as clu_metrics
+from flax import core as flax_core
+import jax
+import jax.numpy as jnp
+from t5x import decoding as t5x_decoding
+from t5x import losses as t5x_losses
+from t5x import metrics as metrics_lib
+from t5x import models as t5x_models
+
+from t5x_speed import decoding
+from t5x_speed import losses
+from t5x_speed import network
+
+Array = jax.Array
+PyTree = Any
+
+
+def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
+  """Whether `decode_fn` takes SPEED's pipelined step (`pipeline_step_fn`)."""
+  try:
+    return 'pipeline_step_fn' in inspect.signature(decode_fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
+  """DecoderOnlyModel with shared exits, multi-exit loss and SPEED decoding.
+
+  Args (beyond `t5x.models.DecoderOnlyModel`'s):
+    exit_weighting: 'linear' (default), 'uniform', 'final_only' or explicit
+      per-exit weights; see `losses.exit_weights`.
+    score_all_exits: `score_batch` returns [batch, R] scores of every exit
+      instead of the final exit's [batch].
+  """
+
+  def __init__(self,
+               module: network.SpeedTransformer,
+               vocabulary,
+               optimizer_def,
+               decode_fn: Callable[..., Any] = decoding.speed_decode,
+               inputs_bidirectional_attention: bool = False,
+               feature_converter_cls=None,
+               label_smoothing: float = 0.0,
+               z_loss: float = 0.0,
+               loss_normalizing_factor=None,
+               exit_weighting: losses.ExitWeighting = 'linear',
+               score_all_exits: bool = False):
+    if not isinstance(getattr(module, 'config', None),
+                      network.TransformerConfig):
+      raise ValueError('SpeedDecoderOnlyModel needs a network.SpeedTransformer '
+                       f'module, got {type(module).__name__}.')
+    # Fail at construction, not at the first training step.
+    losses.exit_weights(exit_weighting, module.config.num_repeats)
+    self._exit_weighting = exit_weighting
+    self._score_all_exits = score_all_exits
+    super().__init__(
+        module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
+        decode_fn=decode_fn,
+        inputs_bidirectional_attention=inputs_bidirectional_attention,
+        feature_converter_cls=feature_converter_cls,
+        label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor)
+
+  @property
+  def config(self) -> network.TransformerConfig:
+    return self.module.config
+
+  def _compute_logits(self, params: PyTree, batch: Mapping[str, Array],
+                      dropout_rng: Optional[Array] = None,
+                      mutable=False, other_variables=None) -> Array:
+    """Every exit's logits: [R, batch, length, vocab]."""
+    rngs = {'dropout': dropout_rng} if dropout_rng is not None else None
+    return self.module.apply(
+        {'params': params, **(other_variables or {})},
+        batch['decoder_input_tokens'],
+        batch['decoder_target_tokens'],
+        decoder_segment_ids=batch.get('decoder_segment_ids', None),
+        decoder_positions=batch.get('decoder_positions', None),
+        decoder_causal_attention=self._get_decoder_causal_attention(batch),
+        rngs=rngs,
+        enable_dropout=rngs is not None,
+        mutable=mutable)
+
+  def loss_fn(self, params: PyTree, batch: Mapping[str, Array],
+              dropout_rng: Optional[Array]):
+    """L_w = sum_i w_i L_i, with T5X's metrics of the final exit plus, per
+    exit i, `exit_i/loss`, `exit_i/accuracy` and `exit_i/flip_rate` (argmax
+    differs from exit i-1)."""
+    exit_logits = self._compute_logits(params, batch, dropout_rng)
+    normalizing_factor, weights = (
+        t5x_losses.get_loss_normalizing_factor_and_weights(
+            self._loss_normalizing_factor, batch))
+    targets = batch['decoder_target_tokens']
+    loss, z_loss, per_exit, _ = losses.multi_exit_cross_entropy(
+        exit_logits, targets, weights, self._exit_weighting,
+        self._label_smoothing, self._z_loss, normalizing_factor)
+    segment_ids = {k[:-len('_segment_ids')]: v for k, v in batch.items()
+                   if k.endswith('_segment_ids')}
+    if not segment_ids:
+      segment_ids = {'decoder_target_tokens': targets != 0}
+    metrics = self._compute_metrics(
+        logits=exit_logits[-1], targets=targets, mask=weights, loss=loss,
+        z_loss=z_loss, segment_ids=segment_ids)
+    mask = weights if weights is not None else (targets > 0)
+    for i, exit_loss in enumerate(per_exit):
+      metrics[f'exit_{i + 1}/loss'] = metrics_lib.AveragePerStep(
+          total=exit_loss)
+    for name, (total, count) in losses.exit_statistics(
+        exit_logits, targets, mask).items():
+      metrics[name] = clu_metrics.Average(total=total, count=count)
+    return loss, metrics
+
+  def score_batch(self, params: PyTree, batch: Mapping[str, Array],
+                  return_intermediates: bool = False):
+    """Log-likelihood of the targets: [batch], or [batch, R] for all exits."""
+    targets = batch['decoder_target_tokens']
+    weights = batch['decoder_loss_weights']
+    if return_intermediates:
+      exit_logits, variables = self._compute_logits(
+          params, batch, mutable=['intermediates'])
+      intermediates = flax_core.unfreeze(variables.get('intermediates', {}))
+    else:
+      exit_logits = self._compute_logits(params, batch)
+    token_scores = weights * jnp.take_along_axis(
+        jax.nn.log_softmax(exit_logits), targets[None, ..., None],
+        axis=-1)[..., 0]                                       # [R, b, len]
+    if self._score_all_exits:
+      scores = jnp.moveaxis(token_scores.sum(-1), 0, -1)       # [b, R]
+    else:
+      scores = token_scores[-1].sum(-1)
+    if return_intermediates:
+      decoder = intermediates.setdefault('decoder', {})
+      decoder['target_tokens'] = (targets,)
+      decoder['loss_weights'] = (weights,)
+      decoder['token_scores'] = (token_scores[-1],)
+      decoder['exit_token_scores'] = (token_scores,)
+      return scores, intermediates
+    return scores
+
+  def _compute_kv_cache(self, params: PyTree, inputs: Array,
+                        causal_attention_mask: Array
+                        ) -> Tuple[network.KVCache, Array]:
+    """Prefills positions < the prompt length in every virtual layer."""
+    inputs_lengths = jnp.sum(inputs[:, 1:] != 0, axis=-1)
+    bidirectional = self._get_decoder_causal_attention(
+        {'decoder_causal_attention': causal_attention_mask})
+    _, cache = self.module.apply({'params': params}, inputs, inputs_lengths,
+                                 bidirectional, method='prefill')
+    return cache, inputs_lengths
+
+  def _compute_logits_from_slice(self, decoding_state, params: PyTree,
+                                 max_decode_length: int):
+    """Full-depth step at each example's `cur_index` (greedy, T5X sampling)."""
+    del max_decode_length
+    return self.module.apply({'params': params},
+                             decoding_state.cur_token[:, 0],
+                             decoding_state.cur_index, decoding_state.cache,
+                             method='decode_step')
+
+  def _pipeline_step(self, tokens, carry, positions, cache, *, params):
+    return self.module.apply({'params': params}, tokens, carry, positions,
+                             cache, method='speed_step')
+
+  def predict_batch_with_aux(
+      self,
+      params: PyTree,
+      batch: Mapping[str, Array],
+      rng: Optional[Array] = None,
+      *,
+      return_all_decodes: bool = False,
+      num_decodes: int = 1,
+      decoder_params: Optional[MutableMapping[str, Any]] = None,
+  ) -> Tuple[Array, Mapping[str, Array]]:
+    """Decodes the targets after each prompt; SPEED statistics go in aux.
+
+    As `t5x.models.DecoderOnlyModel.predict_batch_with_aux`, except that a
+    decode fn taking `pipeline_step_fn` (SPEED) also gets the pipelined step,
+    the initial pipeline carry, and returns `SpeedStats`, reported per
+    example as aux['speed/<field>'].
+    """
+    if 'decoder_causal_attention' not in batch:
+      raise ValueError(
+          'Batch does not have the right format for text generation: '
+          '`task_feature_lengths` must have both `inputs` and `targets`.')
+    inputs = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
+    cache, initial_index = self._compute_kv_cache(
+        params, inputs, batch['decoder_causal_attention'])
+    decoder_params = dict(decoder_params or {})
+    if rng is not None:
+      if decoder_params.get('decode_rng') is not None:
+        raise ValueError('Got an RNG both as `rng` and as '
+                         "decoder_params['decode_rng']; pass only one.")
+      decoder_params['decode_rng'] = rng
+    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
+    pipeline = uses_pipeline(self._decode_fn)
+    if pipeline:
+      decoder_params.update(
+          pipeline_step_fn=functools.partial(self._pipeline_step,
+                                             params=params),
+          initial_carry=jnp.zeros((inputs.shape[0], self.config.num_repeats -
+                                   1, self.config.emb_dim), self.config.dtype),
+          return_stats=True)
+    outputs = self._decode_fn(
+        inputs=inputs, cache=cache,
+        tokens_to_logits=functools.partial(
+            self._compute_logits_from_slice, params=params,
+            max_decode_length=inputs.shape[1]),
+        num_decodes=num_decodes, initial_index=initial_index, cache_offset=0,
+        **decoder_params)
+    decodes, scores = outputs[:2]
+    if return_all_decodes:
+      aux = {'scores': scores}
+    else:
+      decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
+    if pipeline:
+      for field, value in vars(outputs[2]).items():
+        aux[f'speed/{field}'] = value
+    return t5x_models.remove_prefix(decodes, initial_index), aux
+
+
+# Re-exported so gin files can bind every decode fn from one place.
+temperature_sample = t5x_decoding.temperature_sample

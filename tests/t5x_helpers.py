@@ -1,0 +1,64 @@
+"""Small T5X models and batches for the tests that need T5X."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+from t5x import adafactor
+from t5x import decoding as t5x_decoding
+from t5x import models as t5x_models
+from t5x.examples.decoder_only import network as t5x_network
+
+from t5x_speed import decoding
+from t5x_speed import models
+from t5x_speed import network
+
+VOCAB = 37
+TINY = dict(vocab_size=VOCAB, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48,
+            mlp_activations=('gelu', 'linear'))
+T5X_GREEDY = jax.tree_util.Partial(t5x_decoding.temperature_sample,
+                                   temperature=0.0, topk=1)
+
+
+def speed_model(g=2, r=3, decode_fn=decoding.speed_decode,
+                bidirectional=True, **kwargs):
+  module = network.SpeedTransformer(network.TransformerConfig(
+      num_unique_layers=g, num_repeats=r, **TINY))
+  return models.SpeedDecoderOnlyModel(
+      module, seqio.PassThroughVocabulary(VOCAB, eos_id=1),
+      adafactor.Adafactor(), decode_fn=decode_fn,
+      inputs_bidirectional_attention=bidirectional, z_loss=1e-4, **kwargs)
+
+
+def t5x_model(num_layers=3, bidirectional=True):
+  module = t5x_network.DecoderWrapper(t5x_network.TransformerConfig(
+      num_layers=num_layers, dropout_rate=0.0, logits_via_embedding=True,
+      **TINY))
+  return t5x_models.DecoderOnlyModel(
+      module, seqio.PassThroughVocabulary(VOCAB, eos_id=1),
+      adafactor.Adafactor(), decode_fn=T5X_GREEDY,
+      inputs_bidirectional_attention=bidirectional, z_loss=1e-4)
+
+
+def prefix_lm_batch(seed=0, batch=4, length=16, max_inputs=6, max_targets=7):
+  """A batch as seqio.DecoderFeatureConverter makes for a prefix LM."""
+  rng = np.random.RandomState(seed)
+  fields = {k: np.zeros((batch, length), np.int32) for k in (
+      'decoder_target_tokens', 'decoder_input_tokens',
+      'decoder_causal_attention', 'decoder_loss_weights')}
+  for b in range(batch):
+    n_in, n_tg = rng.randint(1, max_inputs + 1), rng.randint(1, max_targets + 1)
+    seq = list(rng.randint(2, VOCAB, n_in - 1)) + [1]
+    seq += list(rng.randint(2, VOCAB, n_tg - 1)) + [1]
+    fields['decoder_target_tokens'][b, :len(seq)] = seq
+    fields['decoder_input_tokens'][b, 1:len(seq)] = seq[:-1]
+    fields['decoder_causal_attention'][b, :n_in + 1] = 1
+    fields['decoder_loss_weights'][b, n_in:len(seq)] = 1
+  return {k: jnp.asarray(v) for k, v in fields.items()}
+
+
+def init_params(model, batch, seed=0):
+  shapes = {k: v.shape for k, v in batch.items()}
+  types = {k: v.dtype for k, v in batch.items()}
+  return model.get_initial_variables(jax.random.PRNGKey(seed), shapes,
+                                     types)['params']

@@ -1,0 +1,197 @@
+"""Every gin file parses, finalizes at tiny size, builds and runs the model."""
+
+import os
+import pathlib
+import sys
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import gin
+import jax
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+t5x = pytest.importorskip('t5x')
+import t5x.eval  # pylint: disable=g-import-not-at-top
+import t5x.infer
+import t5x.train
+
+from t5x_speed import models
+import t5x_helpers as th
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GIN = REPO / 'gin'
+MODEL_FILES = sorted((GIN / 'models').glob('*.gin'))
+RUN_FILES = sorted((GIN / 'runs').glob('*.gin'))
+DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))
+TINY = [
+    "network.TransformerConfig.vocab_size = 128",
+    "network.TransformerConfig.emb_dim = 16",
+    "network.TransformerConfig.num_heads = 2",
+    "network.TransformerConfig.head_dim = 8",
+    "network.TransformerConfig.mlp_dim = 24",
+    "ACTIVATION_DTYPE = 'float32'",
+    "MODEL_DIR = '/tmp/unused'",
+    "INITIAL_CHECKPOINT_PATH = '/tmp/unused'",
+    "CHECKPOINT_PATH = '/tmp/unused'",
+    "INFER_OUTPUT_DIR = '/tmp/unused'",
+    "EVAL_OUTPUT_DIR = '/tmp/unused'",
+    "MIXTURE_OR_TASK_NAME = 'speed_wmt_ende'",
+]
+
+
+def setUpModule():
+  # T5X run files bind `__main__.train` etc.: make them importable here.
+  main = sys.modules['__main__']
+  for name, fn in (('train', t5x.train.train), ('evaluate', t5x.eval.evaluate),
+                   ('infer', t5x.infer.infer)):
+    if not hasattr(main, name):
+      setattr(main, name, fn)
+
+
+def _sentencepiece_model(tmp_dir: str) -> str:
+  text = os.path.join(tmp_dir, 'text.txt')
+  with open(text, 'w') as f:
+    for i in range(300):
+      f.write(f'translate English to German: the house number {i} is blue '
+              f'und das Haus ist blau {i * 7}\n')
+  prefix = os.path.join(tmp_dir, 'spm')
+  spm.SentencePieceTrainer.train(
+      input=text, model_prefix=prefix, vocab_size=100, pad_id=0, eos_id=1,
+      unk_id=2, bos_id=-1, minloglevel=2)
+  return prefix + '.model'
+
+
+class GinConfigTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp()
+    cls.spm = _sentencepiece_model(cls.tmp)
+
+  def tearDown(self):
+    gin.clear_config()
+    super().tearDown()
+
+  def _parse(self, *files, bindings=()):
+    gin.clear_config()
+    for path in (str(REPO), os.path.dirname(os.path.dirname(t5x.__file__))):
+      gin.add_config_file_search_path(path)
+    gin.parse_config_files_and_bindings(
+        [str(f) for f in files],
+        TINY + [f"SENTENCEPIECE_MODEL = '{self.spm}'"] + list(bindings),
+        finalize_config=True)
+
+  def _model(self) -> models.SpeedDecoderOnlyModel:
+    return gin.query_parameter('MODEL/macro.value').scoped_configurable_fn()
+
+  def test_every_file_starts_with_its_header(self):
+    files = sorted(GIN.rglob('*.gin'))
+    self.assertGreaterEqual(len(files), 17)
+    for f in files:
+      lines = f.read_text().splitlines()
+      self.assertTrue(lines[0].startswith('# Provides: '), f)
+      header = []
+      for line in lines:
+        if not line.startswith('#'):
+          break
+        header.append(line)
+      self.assertTrue(any(l.startswith('# Requires: ') for l in header), f)
+
+  @parameterized.parameters(*[f.name for f in MODEL_FILES
+                              if f.name != 'decoder_only.gin'])
+  def test_model_file_builds_and_runs(self, name):
+    run = 'finetune_wmt_ende.gin' if 'speed' in name else 'pretrain_c4.gin'
+    self._parse(GIN / 'models' / name, GIN / 'runs' / run)
+    model = self._model()
+    size = name[:-len('.gin')].split('_')[-1]        # '4x3' or '12l'
+    g, r = (int(x) for x in size.replace('l', 'x1').split('x'))
+    self.assertEqual((model.config.num_unique_layers,
+                      model.config.num_repeats), (g, r))
+    self.assertEqual(model.config.emb_dim, 16)
+    self.assertEqual(models.uses_pipeline(model.decode_fn), r > 1)
+    batch = th.prefix_lm_batch(seed=1, batch=2, length=12)
+    params = th.init_params(model, batch)
+    loss, metrics = model.loss_fn(params, batch, None)
+    self.assertTrue(np.isfinite(loss))
+    self.assertIn(f'exit_{r}/accuracy', metrics)
+    self.assertEqual(model.score_batch(params, batch).shape, (2,))
+    decodes, aux = model.predict_batch_with_aux(params, batch)
+    self.assertEqual(decodes.shape, (2, 12))
+    self.assertEqual('speed/num_steps' in aux, r > 1)
+
+  @parameterized.parameters(*[f.name for f in RUN_FILES])
+  def test_run_file_has_paper_hyperparameters(self, name):
+    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name)
+    self.assertEqual(gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value'),
+                     {'inputs': 512, 'targets': 512})
+    self.assertEqual(gin.query_parameter('MIXTURE_OR_TASK_MODULE/macro.value'),
+                     't5x_speed.tasks')
+    lr = lambda p: gin.query_parameter(
+        f'utils.create_learning_rate_scheduler.{p}')
+    if name == 'pretrain_c4.gin':
+      self.assertEqual(gin.query_parameter('TRAIN_STEPS/macro.value'), 524288)
+      self.assertEqual(gin.query_parameter('BATCH_SIZE/macro.value'), 128)
+      self.assertEqual(gin.query_parameter('DROPOUT_RATE/macro.value'), 0.0)
+      self.assertEqual(lr('factors'), 'constant * rsqrt_decay')
+      self.assertEqual((lr('base_learning_rate'), lr('warmup_steps')),
+                       (1.0, 10000))
+    elif name.startswith('finetune_'):
+      self.assertEqual(gin.query_parameter('TRAIN_STEPS/macro.value'),
+                       524288 + 262144)
+      self.assertEqual(gin.query_parameter('BATCH_SIZE/macro.value'), 128)
+      self.assertEqual(gin.query_parameter('DROPOUT_RATE/macro.value'), 0.1)
+      self.assertEqual(lr('factors'), 'constant * linear_warmup')
+      self.assertEqual((lr('base_learning_rate'), lr('warmup_steps')),
+                       (0.001, 1000))
+    model = self._model()
+    self.assertEqual(model.config.dropout_rate,
+                     gin.query_parameter('DROPOUT_RATE/macro.value'))
+
+  def test_architecture_defaults_are_t5_base_bf16(self):
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    gin.add_config_file_search_path(os.path.dirname(os.path.dirname(
+        t5x.__file__)))
+    gin.parse_config_files_and_bindings(
+        [str(GIN / 'models' / 'speed_base_2x6.gin')],
+        ['DROPOUT_RATE = 0.1'], finalize_config=True)
+    model = self._model()
+    cfg = model.config
+    self.assertEqual(
+        (cfg.vocab_size, cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim,
+         cfg.num_unique_layers, cfg.num_repeats, str(cfg.dtype)),
+        (32128, 768, 12, 64, 2048, 2, 6, 'bfloat16'))
+    self.assertEqual(model._z_loss, 1e-4)
+    self.assertEqual(model.decode_fn.__name__, 'speed_decode')
+    self.assertTrue(models.uses_pipeline(model.decode_fn))
+
+  def test_one_flag_switches_decoding(self):
+    batch = th.prefix_lm_batch(seed=2, batch=3, length=12)
+    results = {}
+    choices = {
+        'speed': ['DECODING_FN = @decoding.speed_decode'],
+        'greedy': ['DECODING_FN = @decoding.greedy_decode'],
+        't5x': ['DECODING_FN = @t5x.decoding.temperature_sample'],
+    }
+    for f in DECODING_FILES:
+      choices[f.name] = []
+    params = None
+    for name, flag in choices.items():
+      extra = [GIN / 'decoding' / name] if name.endswith('.gin') else []
+      self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+                  GIN / 'runs' / 'infer.gin', *extra, bindings=flag)
+      model = self._model()
+      if params is None:
+        params = th.init_params(model, batch, seed=5)
+      results[name] = np.asarray(model.predict_batch(params, batch))
+    self.assertLen(results, 6)
+    for name, decodes in results.items():
+      np.testing.assert_array_equal(decodes, results['speed'], name)
+
+
+if __name__ == '__main__':
+  absltest.main()
