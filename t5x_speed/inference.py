@@ -35,8 +35,12 @@ Array = jax.Array
 METHODS = ('speed', 'greedy')
 
 
-def step_fns(module: network.SpeedTransformer, params: Any):
-  """(tokens_to_logits, pipeline_step_fn) of `module` with `params`."""
+def step_fns(module: network.SpeedTransformer, params: Any,
+             speculative_vocab_size: Optional[int] = None):
+  """(tokens_to_logits, pipeline_step_fn) of `module` with `params`.
+
+  `speculative_vocab_size`: see `network.Decoder.speed_step`.
+  """
 
   def tokens_to_logits(state: decoding.DecodingState) -> Tuple[Array, Any]:
     return module.apply({'params': params}, state.cur_token[:, 0],
@@ -44,7 +48,7 @@ def step_fns(module: network.SpeedTransformer, params: Any):
 
   def pipeline_step_fn(tokens, carry, positions, cache):
     return module.apply({'params': params}, tokens, carry, positions, cache,
-                        method='speed_step')
+                        speculative_vocab_size, method='speed_step')
 
   return tokens_to_logits, pipeline_step_fn
 
@@ -56,19 +60,20 @@ def initial_carry(config: network.TransformerConfig, batch: int) -> Array:
 
 
 def prefill(module: network.SpeedTransformer, params: Any, inputs: Array,
-            initial_index: Array,
-            bidirectional: bool = False) -> network.KVCache:
+            initial_index: Array, bidirectional: bool = False,
+            cache_length: Optional[int] = None) -> network.KVCache:
   """Caches positions < initial_index of BOS-shifted `inputs` [batch, length].
 
   With `bidirectional`, positions <= initial_index (BOS and the prompt) attend
-  to each other, as T5X's `inputs_bidirectional_attention`.
+  to each other, as T5X's `inputs_bidirectional_attention`. `cache_length`
+  (>= length) sizes the cache, so that `inputs` need only span the prompts.
   """
   causal = None
   if bidirectional:
     causal = (jnp.arange(inputs.shape[1]) <= initial_index[:, None]).astype(
         jnp.int32)
   _, cache = module.apply({'params': params}, inputs, initial_index, causal,
-                          method='prefill')
+                          cache_length, method='prefill')
   return cache
 
 
@@ -102,11 +107,16 @@ def build_inputs(prompts: Array, prompt_lengths: Array,
 
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
-    'record_schedule'))
-def _generate(module, params, inputs, prompt_lengths, *, max_decode_steps,
-              method, eos_id, bidirectional, record_schedule) -> Generation:
-  cache = prefill(module, params, inputs, prompt_lengths, bidirectional)
-  tokens_to_logits, pipeline_step_fn = step_fns(module, params)
+    'record_schedule', 'speculative_vocab_size'))
+def _generate(module, params, prompts, prompt_lengths, *, max_decode_steps,
+              method, eos_id, bidirectional, record_schedule,
+              speculative_vocab_size) -> Generation:
+  inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
+  # Only BOS + prompt are cached (or attended bidirectionally): prefill them.
+  cache = prefill(module, params, inputs[:, :prompts.shape[1] + 1],
+                  prompt_lengths, bidirectional, cache_length=inputs.shape[1])
+  tokens_to_logits, pipeline_step_fn = step_fns(module, params,
+                                                speculative_vocab_size)
   kwargs = dict(inputs=inputs, cache=cache, eos_id=eos_id,
                 initial_index=prompt_lengths, max_decode_steps=max_decode_steps)
   stats = schedule = None
@@ -130,7 +140,8 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
              prompt_lengths: Array, *, max_decode_steps: int,
              method: str = 'speed', eos_id: int = 1,
              bidirectional: bool = False,
-             record_schedule: bool = False) -> Generation:
+             record_schedule: bool = False,
+             speculative_vocab_size: Optional[int] = None) -> Generation:
   """Greedy or SPEED generation from right-padded prompts (jitted).
 
   Args:
@@ -143,6 +154,8 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     eos_id: end-of-sequence id.
     bidirectional: prefix-LM attention over BOS + prompt during prefill.
     record_schedule: keep SPEED's per-step schedule.
+    speculative_vocab_size: SPEED's speculative exits score only this many
+      first token ids (see `network.Decoder.speed_step`).
 
   Returns:
     A `Generation`.
@@ -162,8 +175,8 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     raise ValueError(f'max_decode_steps must be an integer >= 1, got '
                      f'{max_decode_steps!r}.')
   decoding.check_token_range(prompts, module.config.vocab_size)
-  inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
-  return _generate(module, params, inputs, prompt_lengths,
+  return _generate(module, params, prompts, prompt_lengths,
                    max_decode_steps=max_decode_steps, method=method,
                    eos_id=eos_id, bidirectional=bidirectional,
-                   record_schedule=record_schedule)
+                   record_schedule=record_schedule,
+                   speculative_vocab_size=speculative_vocab_size)

@@ -13,6 +13,7 @@ A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
 This is the only module of the package that imports T5X.
 """
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Tuple
@@ -21,7 +22,6 @@ import clu.metrics as clu_metrics
 from flax import core as flax_core
 import jax
 import jax.numpy as jnp
-from t5x import decoding as t5x_decoding
 from t5x import losses as t5x_losses
 from t5x import metrics as metrics_lib
 from t5x import models as t5x_models
@@ -50,6 +50,9 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
       per-exit weights; see `losses.exit_weights`.
     score_all_exits: `score_batch` returns [batch, R] scores of every exit
       instead of the final exit's [batch].
+    speculative_vocab_size: SPEED's speculative exits score only this many
+      first token ids; committed tokens are unaffected (see
+      `network.Decoder.speed_step`). None scores the whole vocabulary.
   """
 
   def __init__(self,
@@ -63,7 +66,8 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
                z_loss: float = 0.0,
                loss_normalizing_factor=None,
                exit_weighting: losses.ExitWeighting = 'linear',
-               score_all_exits: bool = False):
+               score_all_exits: bool = False,
+               speculative_vocab_size: Optional[int] = None):
     if not isinstance(getattr(module, 'config', None),
                       network.TransformerConfig):
       raise ValueError('SpeedDecoderOnlyModel needs a network.SpeedTransformer '
@@ -72,6 +76,7 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     losses.exit_weights(exit_weighting, module.config.num_repeats)
     self._exit_weighting = exit_weighting
     self._score_all_exits = score_all_exits
+    self._speculative_vocab_size = speculative_vocab_size
     super().__init__(
         module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
         decode_fn=decode_fn,
@@ -178,7 +183,8 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
 
   def _pipeline_step(self, tokens, carry, positions, cache, *, params):
     return self.module.apply({'params': params}, tokens, carry, positions,
-                             cache, method='speed_step')
+                             cache, self._speculative_vocab_size,
+                             method='speed_step')
 
   def predict_batch_with_aux(
       self,
@@ -232,10 +238,6 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     else:
       decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
     if pipeline:
-      for field, value in vars(outputs[2]).items():
-        aux[f'speed/{field}'] = value
+      for field in dataclasses.fields(outputs[2]):
+        aux[f'speed/{field.name}'] = getattr(outputs[2], field.name)
     return t5x_models.remove_prefix(decodes, initial_index), aux
-
-
-# Re-exported so gin files can bind every decode fn from one place.
-temperature_sample = t5x_decoding.temperature_sample

@@ -7,12 +7,15 @@ model file named by the environment variable T5X_SPEED_VOCAB, read now):
   'speed_paracrawl_ende', 'speed_paracrawl_paragraph_ende',
   'speed_cnn_dailymail', 'speed_wikilingua_en';
 * mixtures 'speed_pretrain', 'speed_translation_ende', 'speed_summarization',
-  'speed_finetune_all'.
+  'speed_finetune_all';
+* the demo task 'speed_demo_numbers' (generated data, byte vocabulary).
 
 Nothing is downloaded or read on import. `register_tasks` registers them
 again with another vocabulary or data locations.
 """
 
+from t5x_speed.tasks.demo import DEMO_SEQUENCE_LENGTH
+from t5x_speed.tasks.demo import DEMO_TASK
 from t5x_speed.tasks.registry import C4_PREFIX_LM
 from t5x_speed.tasks.registry import C4_SPAN_CORRUPTION
 from t5x_speed.tasks.registry import CNN_DAILYMAIL

@@ -13,6 +13,7 @@ from typing import Dict, Optional, Union
 
 import seqio
 
+from t5x_speed.tasks import demo
 from t5x_speed.tasks import metrics
 from t5x_speed.tasks import objectives
 from t5x_speed.tasks import preprocessors
@@ -208,3 +209,5 @@ def register_tasks(vocabulary: Optional[VocabularyOrPath] = None,
     if overwrite:
       seqio.MixtureRegistry.remove(name)
     seqio.MixtureRegistry.add(name, list(task_names), default_rate=1.0)
+  # The demo task has its own byte vocabulary and generated data.
+  demo.register_demo_task(overwrite=overwrite)

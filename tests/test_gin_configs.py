@@ -76,13 +76,14 @@ class GinConfigTest(parameterized.TestCase):
     gin.clear_config()
     super().tearDown()
 
-  def _parse(self, *files, bindings=()):
+  def _parse(self, *files, bindings=(), tiny=True):
     gin.clear_config()
     for path in (str(REPO), os.path.dirname(os.path.dirname(t5x.__file__))):
       gin.add_config_file_search_path(path)
+    sizes = TINY if tiny else [b for b in TINY if 'TransformerConfig' not in b]
     gin.parse_config_files_and_bindings(
         [str(f) for f in files],
-        TINY + [f"SENTENCEPIECE_MODEL = '{self.spm}'"] + list(bindings),
+        sizes + [f"SENTENCEPIECE_MODEL = '{self.spm}'"] + list(bindings),
         finalize_config=True)
 
   def _model(self) -> models.SpeedDecoderOnlyModel:
@@ -125,7 +126,14 @@ class GinConfigTest(parameterized.TestCase):
 
   @parameterized.parameters(*[f.name for f in RUN_FILES])
   def test_run_file_has_paper_hyperparameters(self, name):
-    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name)
+    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,
+                tiny=name != 'demo_numbers.gin')
+    if name == 'demo_numbers.gin':  # CPU-sized, not the paper's setup
+      model = self._model()
+      self.assertEqual((model.config.emb_dim, model.config.vocab_size),
+                       (64, 384))
+      self.assertEqual(model.output_vocabulary.vocab_size, 259)
+      return
     self.assertEqual(gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value'),
                      {'inputs': 512, 'targets': 512})
     self.assertEqual(gin.query_parameter('MIXTURE_OR_TASK_MODULE/macro.value'),

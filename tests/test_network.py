@@ -206,13 +206,28 @@ class CachedCallsTest(parameterized.TestCase):
                                  np.where(live[..., None], expected, 0),
                                  atol=2e-5, rtol=2e-5)
 
+  def test_speculative_vocab_shortlist(self):
+    module, params = tiny_model()
+    apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
+    tokens = _random_batch(9, 2, 8)
+    _, cache = apply(tokens, jnp.array([4, 5]), method='prefill')
+    args = (tokens[:, 4], jnp.ones((2, 2, 32)), jnp.array([[4, 3, 2],
+                                                            [5, -1, 3]]))
+    full, hidden, _ = apply(*args, cache, method='speed_step')
+    short, short_hidden, _ = apply(*args, cache, 20, method='speed_step')
+    np.testing.assert_array_equal(short_hidden, hidden)
+    np.testing.assert_allclose(short[:, -1], full[:, -1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(short[:, :-1, :20], full[:, :-1, :20],
+                               rtol=1e-6, atol=1e-6)
+    self.assertTrue(np.all(np.isneginf(short[:, :-1, 20:])))
+
   def test_one_cache_per_virtual_layer(self):
     module, params = tiny_model(num_unique_layers=2, num_repeats=3)
     tokens = _random_batch(5, 2, 6)
     _, cache = module.apply({'params': params}, tokens, jnp.array([4, 6]),
                             method='prefill')
     self.assertLen(cache.keys, 2)
-    self.assertEqual(cache.keys[0].shape, (3, 2, 6, 4, 8))
+    self.assertEqual(cache.keys[0].shape, (3, 2, 4, 6, 8))
     # Every virtual layer holds different keys for the same tokens.
     flat = [cache.keys[j][r] for r in range(3) for j in range(2)]
     for a in range(6):
@@ -229,7 +244,7 @@ class CachedCallsTest(parameterized.TestCase):
     _, _, new = apply(jnp.zeros((2,), jnp.int32), jnp.ones((2, 2, 32)), pos,
                       cache, method='speed_step')
     for old_k, new_k in zip(cache.keys + cache.values, new.keys + new.values):
-      changed = np.argwhere(np.any(np.asarray(old_k != new_k), axis=(-1, -2)))
+      changed = np.argwhere(np.any(np.asarray(old_k != new_k), axis=(2, 4)))
       self.assertEqual({tuple(x) for x in changed}, {(1, 0, 5)})
 
   def test_rewriting_a_position_replaces_it(self):
@@ -252,9 +267,9 @@ class CachedCallsTest(parameterized.TestCase):
     _, cache = module.apply({'params': params}, tokens, jnp.array([5, 3]),
                             cache_length=9, method='prefill')
     self.assertEqual(cache.length, 9)
-    np.testing.assert_array_equal(cache.keys[0][:, 0, 5:], 0)
-    np.testing.assert_array_equal(cache.keys[0][:, 1, 3:], 0)
-    self.assertGreater(float(jnp.abs(cache.keys[0][:, 1, :3]).min()), 0)
+    np.testing.assert_array_equal(cache.keys[0][:, 0, :, 5:], 0)
+    np.testing.assert_array_equal(cache.keys[0][:, 1, :, 3:], 0)
+    self.assertGreater(float(jnp.abs(cache.keys[0][:, 1, :, :3]).min()), 0)
 
 
 if __name__ == '__main__':

@@ -138,6 +138,22 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
                                   speed.stats.num_tokens + r - 1)
 
 
+class ShortlistTest(parameterized.TestCase):
+
+  @parameterized.parameters((2, 3, 41), (4, 3, 42), (1, 4, 43))
+  def test_speculative_shortlist_keeps_the_output(self, g, r, seed):
+    module, params = _model(g, r, 'cycle', seed)
+    prompts, lengths = _prompts(5, seed)
+    run = functools.partial(inference.generate, module, params, prompts,
+                            lengths, max_decode_steps=10)
+    full = run(method='speed')
+    short = run(method='speed', speculative_vocab_size=5)
+    greedy = run(method='greedy')
+    assert_speed_equals_greedy(self, module, params, prompts, lengths, 10,
+                               short, greedy)
+    np.testing.assert_array_equal(short.tokens, full.tokens)
+
+
 def _decode_with(module, params, prompts, lengths, steps, wrap):
   """speed_decode with `wrap(step_fn, prefilled_cache, lengths)`."""
   inputs = inference.build_inputs(prompts, lengths, steps)
@@ -190,7 +206,7 @@ class AdversarialSpeculationTest(parameterized.TestCase):
     def wrap(step, prefilled, lengths):
       def guarded(tokens, carry, positions, cache):
         logits, hidden, cache = step(tokens, carry, positions, cache)
-        prompt = (jnp.arange(cache.length) < lengths[:, None])[..., None, None]
+        prompt = (jnp.arange(cache.length) < lengths[:, None])[:, None, :, None]
         intact = jnp.all(jnp.stack([
             jnp.all(jnp.where(prompt, new == old, True))
             for new, old in zip(cache.keys + cache.values,

@@ -62,6 +62,14 @@ class SharedModelTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         np.asarray(aux['speed/num_tokens'])[ended], produced[ended])
 
+  def test_speculative_shortlist_through_the_model(self):
+    batch = th.prefix_lm_batch(seed=7, batch=5)
+    short = th.speed_model(speculative_vocab_size=9)
+    params = th.init_params(short, batch, seed=8)
+    greedy = th.speed_model(decode_fn=decoding.greedy_decode)
+    np.testing.assert_array_equal(short.predict_batch(params, batch),
+                                  greedy.predict_batch(params, batch))
+
   def test_jitted_predict(self):
     batch = th.prefix_lm_batch(seed=4)
     model = th.speed_model()

@@ -1,0 +1,359 @@
+"""The performance record: SPEED against greedy at T5-Base width, side by side.
+
+    python -m t5x_speed.bench [--configs 4x3,2x6] [--batch_sizes 1,4,16]
+                              [--lengths short,long] [--out bench_out]
+
+Base-width training is out of reach on a CPU, so the shared models' exits are
+a clearly labelled *replay*: a small model with the same number of stages R is
+trained on the demo task (or reloaded from --demo_out), decodes held-out
+prompts with SPEED while its schedule (live stages, positions, tokens,
+predictions, flushes per step) is recorded, and the Base-width model then
+runs the full computation and control logic of every step with each exit's
+argmax forced to the recorded prediction. The Base model thus takes exactly
+the recorded loop steps and flushes; greedy runs are forced to the same
+tokens. Methods (all float32, same prompts, interleaved, medians):
+
+  greedy        greedy_decode on the GxR shared model (full depth per token)
+  speed         speed_decode on the GxR shared model
+  speed_short   speed_decode, speculative exits over the first K token ids
+  greedy_g      greedy on the unshared G-layer model (one repetition)
+  greedy_12l    greedy on the unshared 12-layer model
+  t5x_sample    T5X's decoding.temperature_sample (topk=1), when T5X exists
+
+Weights read per token are divided by a measured memory bandwidth to show
+how close each method is to the memory-bandwidth limit.
+"""
+
+import argparse
+import functools
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any, Dict, List
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import demo_model
+from t5x_speed import inference
+from t5x_speed import network
+
+LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
+FORCE = 1e9
+PROMPTS = 16  # the same prompts at every batch size
+
+
+def _flags(argv):
+  p = argparse.ArgumentParser(prog='python -m t5x_speed.bench',
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--configs', default='4x3,2x6', help='GxR list (T5-Base width).')
+  p.add_argument('--batch_sizes', default='1,4,16')
+  p.add_argument('--lengths', default='short,long',
+                 help='short: one number (~20-45 tokens), long: two (~50-90); '
+                 f'{PROMPTS} prompts each, in batches of each batch size.')
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--speculative_vocab', type=int, default=4096,
+                 help='K of the speed_short method; 0 leaves it out.')
+  p.add_argument('--out', default='bench_out')
+  p.add_argument('--demo_out', default='demo_out',
+                 help='where the demo models are saved / trained.')
+  p.add_argument('--quick', action='store_true',
+                 help='4x3, batch 1, short only, greedy vs SPEED (issue-3 check).')
+  return p.parse_args(argv)
+
+
+def memory_bandwidth() -> float:
+  """Bytes per second of a jitted reduction over 512 MiB (median of 5)."""
+  x = jnp.ones((128 * 1024 * 1024,), jnp.float32)
+  f = jax.jit(jnp.sum)
+  f(x).block_until_ready()
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    f(x).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return x.nbytes / float(np.median(times))
+
+
+def demo_schedule_source(repeats: int, demo_out: str):
+  """(module, params) of the trained demo model with `repeats` stages."""
+  settings = demo_model.DemoSettings(num_unique_layers=max(6 // repeats, 1),
+                                     num_repeats=repeats)
+  params, _ = demo_model.load_or_train(settings, demo_out)
+  return network.SpeedTransformer(settings.config()), params
+
+
+def record(source, prompts: np.ndarray, lengths: np.ndarray) -> Dict:
+  """The demo model's SPEED schedule and tokens on one batch of prompts."""
+  module, params = source
+  out = inference.generate(module, params, prompts, lengths,
+                           max_decode_steps=demo_model.LENGTHS['targets'],
+                           method='speed', bidirectional=True,
+                           record_schedule=True)
+  produced = np.asarray(out.tokens)
+  batch = prompts.shape[0]
+  width = prompts.shape[1] + 1 + produced.shape[1]
+  by_position = np.zeros((batch, width + 1), np.int32)   # forced greedy tokens
+  for b in range(batch):
+    start = int(lengths[b]) + 1
+    by_position[b, start:start + produced.shape[1]] = produced[b]
+  return {'prompts': prompts, 'lengths': lengths, 'by_position': by_position,
+          'predictions': np.asarray(out.schedule.predictions),
+          'summary': out.stats.summary(),
+          'tokens': int(np.asarray(out.stats.num_tokens).sum())}
+
+
+def _forced_tokens_to_logits(tokens_to_logits, by_position):
+  """Greedy's logits with the recorded token forced at each position."""
+  def fn(state):
+    logits, cache = tokens_to_logits(state)
+    forced = jnp.take_along_axis(by_position, jnp.clip(
+        state.cur_index + 1, 0, by_position.shape[1] - 1)[:, None], 1)[:, 0]
+    hit = jax.nn.one_hot(forced, logits.shape[-1], dtype=bool)
+    return jnp.where(hit, FORCE, logits), cache
+  return fn
+
+
+def _replayed_pipeline_step(pipeline_step_fn, predictions):
+  """SPEED's step with each exit's argmax forced to the recorded one."""
+  def fn(tokens, carry, positions, cache):
+    kv, step = cache
+    logits, hidden, kv = pipeline_step_fn(tokens, carry, positions, kv)
+    forced = predictions[jnp.minimum(step, predictions.shape[0] - 1)]
+    hit = jax.nn.one_hot(forced, logits.shape[-1], dtype=bool)
+    return jnp.where(hit, FORCE, logits), hidden, (kv, step + 1)
+  return fn
+
+
+def _decoder(method: str, module, speculative_vocab: int):
+  """jit fn(params, prompts, lengths, by_position, predictions) replaying a
+  recorded batch; returns (decodes, stats or None)."""
+  steps = demo_model.LENGTHS['targets']
+  config = module.config
+
+  @jax.jit
+  def run(params, prompts, lengths, by_position, predictions):
+    inputs = inference.build_inputs(prompts, lengths, steps)
+    cache = inference.prefill(module, params, inputs[:, :prompts.shape[1] + 1],
+                              lengths, bidirectional=True,
+                              cache_length=inputs.shape[1])
+    spec = speculative_vocab if method == 'speed_short' else None
+    to_logits, pipeline = inference.step_fns(module, params, spec)
+    kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
+                  max_decode_steps=steps)
+    if method.startswith('speed'):
+      decodes, _, stats = decoding.speed_decode(
+          cache=(cache, jnp.zeros((), jnp.int32)),
+          pipeline_step_fn=_replayed_pipeline_step(pipeline, predictions),
+          initial_carry=inference.initial_carry(config, prompts.shape[0]),
+          return_stats=True, **kwargs)
+      return decodes, stats
+    forced = _forced_tokens_to_logits(to_logits, by_position)
+    if method == 't5x_sample':
+      from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+      decodes, _ = t5x_decoding.temperature_sample(
+          cache=cache, tokens_to_logits=forced, topk=1, temperature=0.0,
+          **kwargs)
+      return decodes, None
+    decodes, _ = decoding.greedy_decode(cache=cache, tokens_to_logits=forced,
+                                        **kwargs)
+    return decodes, None
+
+  return run
+
+
+def _init(config):
+  module = network.SpeedTransformer(config)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = jax.jit(lambda: module.init(jax.random.PRNGKey(0), tokens, tokens,
+                                       enable_dropout=False)['params'])()
+  return module, params
+
+
+def _layer_and_classifier_bytes(config) -> Dict[str, float]:
+  e, f, h = config.emb_dim, config.mlp_dim, config.num_heads * config.head_dim
+  layer = 4 * (4 * e * h + (len(config.mlp_activations) + 1) * e * f)
+  return {'layer': layer, 'classifier': 4 * config.vocab_size * e}
+
+
+def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
+               models) -> Dict[str, Any]:
+  """Times every method on PROMPTS held-out prompts in batches of `batch`."""
+  source = demo_schedule_source(r, args.demo_out)
+  low, high = LENGTHS[length]
+  prompts, lengths, _ = demo_model.held_out(PROMPTS, split='test',
+                                            min_numbers=low, max_numbers=high)
+  recs = [record(source, prompts[i:i + batch], lengths[i:i + batch])
+          for i in range(0, PROMPTS, batch)]
+  base = dict(dtype='float32')
+  shared_cfg = network.TransformerConfig(num_unique_layers=g, num_repeats=r,
+                                         **base)
+  configs = {'greedy': shared_cfg, 'speed': shared_cfg}
+  if args.speculative_vocab:
+    configs['speed_short'] = shared_cfg
+  configs['greedy_g'] = network.TransformerConfig(num_unique_layers=g,
+                                                  num_repeats=1, **base)
+  configs['greedy_12l'] = network.TransformerConfig(num_unique_layers=12,
+                                                    num_repeats=1, **base)
+  try:
+    import t5x.decoding  # pylint: disable=g-import-not-at-top,unused-import
+    configs['t5x_sample'] = shared_cfg
+  except ImportError:
+    pass
+  if args.quick:
+    configs = {k: configs[k] for k in ('greedy', 'speed')}
+  runs = {}
+  for method, cfg in configs.items():
+    key = (cfg.num_unique_layers, cfg.num_repeats)
+    if key not in models:
+      models[key] = _init(cfg)
+    module, params = models[key]
+    fn = _decoder(method, module, args.speculative_vocab)
+    runs[method] = [functools.partial(
+        fn, params, *(jnp.asarray(rec[k]) for k in (
+            'prompts', 'lengths', 'by_position', 'predictions')))
+                    for rec in recs]
+    jax.block_until_ready(runs[method][0]())        # compile and warm up
+  times = {m: [] for m in configs}
+  outputs = {}
+  for _ in range(args.repeats):
+    for method, batch_runs in runs.items():
+      start = time.perf_counter()
+      outputs[method] = [jax.block_until_ready(run()) for run in batch_runs]
+      times[method].append(time.perf_counter() - start)
+  sizes = _layer_and_classifier_bytes(shared_cfg)
+  tokens = sum(rec['tokens'] for rec in recs)
+  recorded_flushes = sum(rec['summary']['flushes'] for rec in recs)
+  rows = {}
+  for method, results in outputs.items():
+    seconds = float(np.median(times[method]))
+    cfg = configs[method]
+    identical = all(np.array_equal(np.asarray(res[0]), np.asarray(ref[0]))
+                    for res, ref in zip(results, outputs['greedy']))
+    if method.startswith('speed'):
+      stats = [res[1] for res in results]
+      steps = sum(int(np.asarray(st.num_steps).max()) for st in stats)
+      steps_per_token = sum(float(np.asarray(st.num_steps).sum())
+                            for st in stats) / tokens
+      flushes = sum(int(np.asarray(st.flushes).sum()) for st in stats)
+      assert flushes == recorded_flushes, 'replay diverged from the recording'
+      classifier = sizes['classifier'] * (
+          1 + args.speculative_vocab / cfg.vocab_size
+          if method == 'speed_short' else 1)
+      weight_bytes = cfg.num_unique_layers * sizes['layer'] + classifier
+    else:
+      steps = sum(int(np.max(np.sum(rec['by_position'] > 0, 1)))
+                  for rec in recs)
+      steps_per_token = 1.0
+      weight_bytes = cfg.num_layers * sizes['layer'] + sizes['classifier']
+    bytes_per_token = weight_bytes * steps / tokens
+    rows[method] = {
+        'seconds': seconds, 'tokens': tokens,
+        'tokens_per_second': tokens / seconds,
+        'ms_per_token_per_sequence': 1e3 * seconds * batch / tokens,
+        'identical_to_greedy': identical,
+        'loop_steps': steps, 'steps_per_token': steps_per_token,
+        'rows_free_ideal_speedup': (r / steps_per_token
+                                    if method.startswith('speed') else None),
+        'weight_bytes_per_token': bytes_per_token,
+        'bandwidth_bound_fraction': bytes_per_token / bandwidth /
+                                    (seconds / tokens),
+    }
+  for row in rows.values():
+    row['vs_greedy_same_model'] = row['tokens_per_second'] / rows['greedy'][
+        'tokens_per_second']
+    if 'greedy_g' in rows:
+      row['vs_unshared_g_layers'] = row['tokens_per_second'] / rows[
+          'greedy_g']['tokens_per_second']
+  flips = {}
+  for key in recs[0]['summary']:
+    if key.startswith('flip_rate'):
+      flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
+  return {'config': f'{g}x{r}', 'batch': batch, 'length': length,
+          'replay': {'flushes': recorded_flushes, 'tokens': tokens,
+                     'steps_per_token': sum(
+                         rec['summary']['example_steps'] for rec in recs) /
+                                        tokens,
+                     'flip_rate': flips},
+          'methods': rows}
+
+
+def _markdown(results: List[Dict], meta: Dict) -> str:
+  lines = [f'Machine: {meta["machine"]}; JAX {meta["jax"]} on '
+           f'{meta["backend"]}; measured memory bandwidth '
+           f'{meta["bandwidth_gb_s"]:.1f} GB/s; float32; exits: replay of '
+           'trained demo models (see bench.py).', '',
+           '| config | batch | length | method | tokens/s | ms/token/seq | '
+           'vs greedy | vs G-layer | steps/token | rows-free ideal | '
+           'bandwidth-bound | identical |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for res in results:
+    for method, row in res['methods'].items():
+      ideal = row['rows_free_ideal_speedup']
+      lines.append(
+          f'| {res["config"]} | {res["batch"]} | {res["length"]} | {method} | '
+          f'{row["tokens_per_second"]:.1f} | '
+          f'{row["ms_per_token_per_sequence"]:.1f} | '
+          f'{row["vs_greedy_same_model"]:.2f}x | '
+          f'{row.get("vs_unshared_g_layers", float("nan")):.2f}x | '
+          f'{row["steps_per_token"]:.2f} | '
+          f'{"" if ideal is None else f"{ideal:.2f}x"} | '
+          f'{row["bandwidth_bound_fraction"]:.0%} | '
+          f'{row["identical_to_greedy"]} |')
+  lines.append('')
+  lines.append('Replayed schedules (flip rate = share of tokens whose '
+               'prediction changes at that stage):')
+  for res in results:
+    flips = ', '.join(f'{k.split("/")[1]} {v:.1%}'
+                      for k, v in res['replay']['flip_rate'].items())
+    lines.append(f'- {res["config"]} batch {res["batch"]} {res["length"]}: '
+                 f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
+                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}')
+  return '\n'.join(lines)
+
+
+def main(argv=None):
+  args = _flags(sys.argv[1:] if argv is None else argv)
+  if args.quick:
+    args.configs, args.batch_sizes, args.lengths = '4x3', '1', 'short'
+  os.makedirs(args.out, exist_ok=True)
+  bandwidth = memory_bandwidth()
+  meta = {'machine': f'{platform.processor() or platform.machine()}, '
+                     f'{os.cpu_count()} cores',
+          'jax': jax.__version__, 'backend': jax.default_backend(),
+          'bandwidth_gb_s': bandwidth / 1e9}
+  print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s. Exits are '
+        'replayed from trained demo models (see --help).')
+  results, models = [], {}
+  for text in args.configs.split(','):
+    g, r = demo_model.parse_gxr(text)
+    for batch in (int(b) for b in args.batch_sizes.split(',')):
+      for length in args.lengths.split(','):
+        res = bench_case(g, r, batch, length, args, bandwidth, models)
+        results.append(res)
+        m = res['methods']
+        print(f'{text} batch {batch} {length}: ' + ', '.join(
+            f'{k} {v["tokens_per_second"]:.1f} tok/s' for k, v in m.items()) +
+            f'; SPEED {m["speed"]["vs_greedy_same_model"]:.2f}x greedy, '
+            f'{m["speed"]["steps_per_token"]:.2f} steps/token', flush=True)
+  table = _markdown(results, meta)
+  print('\n' + table)
+  with open(os.path.join(args.out, 'bench.json'), 'w') as f:
+    json.dump({'meta': meta, 'results': results}, f, indent=1)
+  with open(os.path.join(args.out, 'bench.md'), 'w') as f:
+    f.write(table + '\n')
+  print(f'\nWrote {args.out}/bench.json and {args.out}/bench.md.')
+  ok = all(row['identical_to_greedy'] for res in results
+           for row in res['methods'].values())
+  return 0 if ok else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,217 @@
+"""The demo model: a small shared decoder trained on `speed_demo_numbers`.
+
+Shared by `t5x_speed.demo` (the main job) and `t5x_speed.bench`: builds the
+model, trains it with the weighted early-exit loss (optax, no T5X), saves and
+reloads its parameters, and reads held-out prompts, all through seqio.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import seqio
+import tqdm
+
+from t5x_speed import losses
+from t5x_speed import network
+import t5x_speed.tasks as speed_tasks
+
+TASK = speed_tasks.DEMO_TASK
+LENGTHS = speed_tasks.DEMO_SEQUENCE_LENGTH
+VOCAB_SIZE = 384  # the byte vocabulary's 259 ids, rounded up to 128
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoSettings:
+  """What the demo model is: architecture and training recipe."""
+
+  num_unique_layers: int = 2
+  num_repeats: int = 3
+  width: int = 64
+  steps: int = 600
+  batch_size: int = 16
+  learning_rate: float = 5e-3
+  seed: int = 0
+
+  def config(self, num_repeats: Optional[int] = None) -> network.TransformerConfig:
+    return network.TransformerConfig(
+        vocab_size=VOCAB_SIZE, emb_dim=self.width, num_heads=4,
+        head_dim=self.width // 4, mlp_dim=2 * self.width,
+        num_unique_layers=self.num_unique_layers,
+        num_repeats=num_repeats or self.num_repeats, dtype='float32')
+
+  @property
+  def name(self) -> str:
+    return (f'numbers_{self.num_unique_layers}x{self.num_repeats}_w'
+            f'{self.width}_s{self.steps}_b{self.batch_size}_seed{self.seed}')
+
+
+def parse_gxr(text: str) -> Tuple[int, int]:
+  """'2x3' -> (2, 3)."""
+  try:
+    g, r = (int(x) for x in text.lower().split('x'))
+  except ValueError:
+    raise ValueError(f'config must look like GxR, e.g. 2x3; got {text!r}.'
+                     ) from None
+  if g < 1 or r < 1:
+    raise ValueError(f'config {text!r}: G and R must be >= 1.')
+  return g, r
+
+
+def _batches(split: str, batch_size: int, pack: bool, shuffle: bool,
+             seed: int):
+  task = seqio.get_mixture_or_task(TASK)
+  ds = task.get_dataset(LENGTHS, split=split, shuffle=shuffle, seed=seed)
+  ds = seqio.DecoderFeatureConverter(pack=pack)(ds, LENGTHS)
+  return ds.batch(batch_size, drop_remainder=True).prefetch(2)
+
+
+def _forward(module, params, batch, enable_dropout=False, rngs=None):
+  return module.apply(
+      {'params': params}, batch['decoder_input_tokens'],
+      batch['decoder_target_tokens'], batch.get('decoder_segment_ids'),
+      batch.get('decoder_positions'), batch['decoder_causal_attention'],
+      enable_dropout=enable_dropout, rngs=rngs)
+
+
+def train(settings: DemoSettings, log=print) -> Tuple[Any, List[Dict]]:
+  """Trains the demo model; returns (params, history of logged metrics)."""
+  module = network.SpeedTransformer(settings.config())
+  batches = _batches('train', settings.batch_size, pack=True, shuffle=True,
+                     seed=settings.seed).as_numpy_iterator()
+  first = next(batches)
+  params = module.init(jax.random.PRNGKey(settings.seed),
+                       first['decoder_input_tokens'][:1],
+                       first['decoder_target_tokens'][:1],
+                       enable_dropout=False)['params']
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, settings.learning_rate, max(settings.steps // 10, 1),
+      settings.steps, settings.learning_rate / 20)
+  optimizer = optax.adamw(schedule, weight_decay=0.01)
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def train_step(params, opt_state, batch):
+    def loss_fn(p):
+      exit_logits = _forward(module, p, batch)
+      targets, weights = (batch['decoder_target_tokens'],
+                          batch['decoder_loss_weights'])
+      loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
+          exit_logits, targets, weights, 'linear')
+      stats = losses.exit_statistics(exit_logits, targets, weights)
+      return loss / weight_sum, (per_exit / weight_sum, stats)
+    (_, (per_exit, stats)), grads = jax.value_and_grad(
+        loss_fn, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, per_exit, stats
+
+  history = []
+  bar = tqdm.tqdm(range(1, settings.steps + 1), desc='training', unit='step',
+                  dynamic_ncols=True)
+  batch = first
+  for step in bar:
+    params, opt_state, per_exit, stats = train_step(params, opt_state, batch)
+    batch = next(batches)
+    if step % 20 == 0 or step == settings.steps:
+      record = {'step': step}
+      for i, loss in enumerate(np.asarray(per_exit)):
+        record[f'exit_{i + 1}/loss'] = float(loss)
+      for name, (total, count) in stats.items():
+        record[name] = float(total) / max(float(count), 1.0)
+      history.append(record)
+      postfix = {f'loss{i + 1}': f'{record[f"exit_{i + 1}/loss"]:.3f}'
+                 for i in range(settings.num_repeats)}
+      postfix.update({f'flip{i}': f'{record[f"exit_{i}/flip_rate"]:.1%}'
+                      for i in range(2, settings.num_repeats + 1)})
+      bar.set_postfix(postfix, refresh=False)
+  bar.close()
+  return params, history
+
+
+def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
+                  log=print) -> Tuple[Any, Dict]:
+  """Parameters from `out_dir` if saved with the same settings, else trains.
+
+  Returns (params, metadata with the training history and time).
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, settings.name + '.msgpack')
+  meta_path = os.path.join(out_dir, settings.name + '.json')
+  module = network.SpeedTransformer(settings.config())
+  template = jax.eval_shape(lambda: module.init(
+      jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32),
+      jnp.ones((1, 4), jnp.int32), enable_dropout=False)['params'])
+  if not retrain and os.path.exists(path) and os.path.exists(meta_path):
+    with open(path, 'rb') as f:
+      params = flax.serialization.from_bytes(template, f.read())
+    with open(meta_path) as f:
+      meta = json.load(f)
+    log(f'Loaded the trained model from {path} (--retrain to train again).')
+    return params, meta
+  log(f'Training {settings.num_unique_layers}x{settings.num_repeats} model '
+      f'(width {settings.width}) for {settings.steps} steps on {TASK}...')
+  start = time.time()
+  params, history = train(settings, log)
+  meta = {'settings': dataclasses.asdict(settings), 'history': history,
+          'train_seconds': time.time() - start}
+  with open(path, 'wb') as f:
+    f.write(flax.serialization.to_bytes(params))
+  with open(meta_path, 'w') as f:
+    json.dump(meta, f, indent=1)
+  log(f'Saved parameters to {path}.')
+  return params, meta
+
+
+def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
+             max_numbers: int = 2):
+  """Held-out (prompt tokens, target text) pairs with 1..2 numbers each.
+
+  Returns (prompts [count, P] right-padded, lengths [count], targets).
+  """
+  task = seqio.get_mixture_or_task(TASK)
+  vocab = task.output_features['targets'].vocabulary
+  prompts, targets = [], []
+  for ex in task.get_dataset(LENGTHS, split=split, shuffle=False).as_numpy_iterator():
+    text = ex['inputs_pretokenized'].decode()
+    numbers = text.count(',') + 1
+    if min_numbers <= numbers <= max_numbers:
+      prompts.append(ex['inputs'])
+      targets.append(vocab.decode(ex['targets'].tolist()))
+    if len(prompts) == count:
+      break
+  width = max(len(p) for p in prompts)
+  padded = np.zeros((len(prompts), width), np.int32)
+  for i, p in enumerate(prompts):
+    padded[i, :len(p)] = p
+  return padded, np.array([len(p) for p in prompts], np.int32), targets
+
+
+def exit_consistency(settings: DemoSettings, params, examples: int = 256
+                     ) -> Dict[str, np.ndarray]:
+  """Teacher-forced per-exit accuracy and agreement with the final exit.
+
+  Returns {'accuracy': [R], 'agrees_with_final': [R], 'flip_rate': [R]}
+  over the target tokens of `examples` held-out examples.
+  """
+  module = network.SpeedTransformer(settings.config())
+  correct = agree = flips = 0.0
+  count = 0.0
+  for batch in _batches('validation', 32, pack=False, shuffle=False,
+                        seed=0).take(max(examples // 32, 1)).as_numpy_iterator():
+    # [R, batch, length] argmax of every exit.
+    preds = np.asarray(jnp.argmax(_forward(module, params, batch), -1))
+    weights = batch['decoder_loss_weights']
+    correct += np.sum((preds == batch['decoder_target_tokens']) * weights, (1, 2))
+    agree += np.sum((preds == preds[-1]) * weights, (1, 2))
+    flips += np.sum((preds != np.roll(preds, 1, 0)) * weights, (1, 2))
+    count += weights.sum()
+  flips[0] = 0.0
+  return {'accuracy': correct / count, 'agrees_with_final': agree / count,
+          'flip_rate': flips / count}

@@ -1,0 +1,128 @@
+"""The demo task, the demo's training and main job, and the bench's replay."""
+
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+import seqio
+
+from t5x_speed import bench
+from t5x_speed import demo
+from t5x_speed import demo_model
+from t5x_speed import network
+import t5x_speed.tasks  # pylint: disable=unused-import
+from t5x_speed.tasks import demo as demo_task
+
+TINY = demo_model.DemoSettings(width=16, steps=4, batch_size=2)
+
+
+class NumbersTaskTest(absltest.TestCase):
+
+  def test_number_to_words(self):
+    cases = {0: 'zero', 7: 'seven', 15: 'fifteen', 20: 'twenty',
+             21: 'twenty-one', 100: 'one hundred', 101: 'one hundred one',
+             999: 'nine hundred ninety-nine', 1000: 'one thousand',
+             40723: 'forty thousand seven hundred twenty-three',
+             99999: 'ninety-nine thousand nine hundred ninety-nine'}
+    for n, words in cases.items():
+      self.assertEqual(demo_task.number_to_words(n), words)
+    with self.assertRaisesRegex(ValueError, 'n must be'):
+      demo_task.number_to_words(1_000_000)
+
+  def test_held_out_numbers_never_train(self):
+    numbers = lambda split, n: {
+        int(x) for text in demo_task.make_examples(split, n)[0]
+        for x in text[len('spell: '):].split(', ')}
+    train, held = numbers('train', 3000), numbers('validation', 500)
+    self.assertGreater(len(held), 100)
+    self.assertEmpty(train & held)
+
+  def test_examples_through_the_decoder_feature_converter(self):
+    task = seqio.get_mixture_or_task(demo_task.DEMO_TASK)
+    lengths = demo_task.DEMO_SEQUENCE_LENGTH
+    ds = task.get_dataset(lengths, split='validation', shuffle=False)
+    ex = next(ds.as_numpy_iterator())
+    vocab = task.output_features['targets'].vocabulary
+    numbers = ex['inputs_pretokenized'].decode()[len('spell: '):].split(', ')
+    self.assertEqual(vocab.decode(ex['targets'].tolist()), ', '.join(
+        demo_task.number_to_words(int(n)) for n in numbers))
+    self.assertEqual(ex['targets'][-1], 1)  # EOS
+    batch = next(seqio.DecoderFeatureConverter(pack=False)(ds, lengths).batch(
+        2).as_numpy_iterator())
+    self.assertEqual(batch['decoder_input_tokens'].shape, (2, 136))
+    self.assertEqual(set(batch), {
+        'decoder_target_tokens', 'decoder_input_tokens', 'decoder_loss_weights',
+        'decoder_causal_attention'})
+
+
+class DemoModelTest(absltest.TestCase):
+
+  def test_train_save_and_reload(self):
+    out = tempfile.mkdtemp()
+    params, meta = demo_model.load_or_train(TINY, out, log=lambda *a: None)
+    self.assertLen(meta['history'], 1)
+    record = meta['history'][0]
+    for key in ('exit_1/loss', 'exit_3/loss', 'exit_2/flip_rate',
+                'exit_3/accuracy'):
+      self.assertIn(key, record)
+    again, _ = demo_model.load_or_train(TINY, out, log=lambda *a: None)
+    jax.tree.map(np.testing.assert_array_equal, params, again)
+
+  def test_demo_main_job_runs(self):
+    out = tempfile.mkdtemp()
+    code = demo.main(['--width', '16', '--steps', '4', '--prompts', '2',
+                      '--repeats', '1', '--out', out])
+    self.assertEqual(code, 0)
+    for name in ('consistency.png', 'latency.png', 'results.json'):
+      self.assertTrue(os.path.exists(os.path.join(out, name)), name)
+    with open(os.path.join(out, 'results.json')) as f:
+      results = json.load(f)
+    self.assertTrue(results['identical'])
+    self.assertEqual(results['speed']['tokens'], results['greedy']['tokens'])
+    self.assertLen(results['consistency']['agrees_with_final'], 3)
+    self.assertAlmostEqual(results['consistency']['agrees_with_final'][-1],
+                           1.0)
+
+
+class ReplayTest(absltest.TestCase):
+
+  def test_replay_reproduces_the_recorded_schedule(self):
+    source_settings = demo_model.DemoSettings(width=16, num_repeats=3)
+    source_module = network.SpeedTransformer(source_settings.config())
+    tokens = jnp.ones((1, 4), jnp.int32)
+    source_params = source_module.init(jax.random.PRNGKey(1), tokens, tokens,
+                                       enable_dropout=False)['params']
+    prompts, lengths, _ = demo_model.held_out(3)
+    rec = bench.record((source_module, source_params), prompts, lengths)
+    # Another model of the same depth, with different weights and width.
+    other = network.SpeedTransformer(network.TransformerConfig(
+        vocab_size=demo_model.VOCAB_SIZE, emb_dim=24, num_heads=2,
+        head_dim=12, mlp_dim=32, num_unique_layers=1, num_repeats=3))
+    other_params = other.init(jax.random.PRNGKey(2), tokens, tokens,
+                              enable_dropout=False)['params']
+    args = [jnp.asarray(rec[k]) for k in ('prompts', 'lengths', 'by_position',
+                                          'predictions')]
+    speed_decodes, stats = bench._decoder('speed', other, 0)(other_params,
+                                                             *args)
+    greedy_decodes, _ = bench._decoder('greedy', other, 0)(other_params,
+                                                           *args)
+    np.testing.assert_array_equal(speed_decodes, greedy_decodes)
+    self.assertEqual(int(np.sum(stats.flushes)), rec['summary']['flushes'])
+    self.assertEqual(int(np.sum(stats.num_tokens)), rec['tokens'])
+    self.assertEqual(int(np.sum(stats.num_steps)),
+                     rec['summary']['example_steps'])
+    # The forced tokens are the recorded model's output.
+    produced = np.asarray(greedy_decodes)[:, 0]
+    for b, length in enumerate(lengths):
+      n = int(np.sum(rec['by_position'][b] > 0))
+      np.testing.assert_array_equal(
+          produced[b, length:length + n],
+          rec['by_position'][b, length + 1:length + 1 + n])
+
+
+if __name__ == '__main__':
+  absltest.main()
