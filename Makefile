@@ -19,8 +19,7 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-# Tests run from tests/ so that `t5x_speed.tasks` resolves to the installed
-# package mapping, not to a folder of the working tree.
+# pytest runs from tests/, where the tests and their helpers live.
 test: install
 	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -164,9 +164,11 @@ def _report(results: Dict, out_dir: str):
   print(f'\nSPEED speedup over greedy on the same model: '
         f'{results["speedup"]:.2f}x')
   print(f'outputs identical to greedy: {results["identical"]}')
+  # Without flushes each prompt takes tokens + R - 1 steps (pipeline fill).
+  floor = (st['tokens'] + (r - 1) * results['prompts']) / st['tokens']
   print(f'loop steps: {st["loop_steps"]:.0f} for {st["tokens"]:.0f} tokens '
-        f'({st["steps_per_token"]:.2f} per token; ideal {1:.2f}, a full '
-        f'pipeline flush on every token would be {r}); '
+        f'({st["steps_per_token"]:.2f} per token; {floor:.2f} without '
+        f'flushes, about {r} if every token flushed); '
         f'{st["flushes"]:.0f} flushes')
   print(f'pipeline occupancy: {st["occupancy"]:.1%} of {r} stages')
   print('flip rate after each stage (decoding): ' + ', '.join(

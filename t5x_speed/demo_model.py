@@ -81,7 +81,7 @@ def _forward(module, params, batch, enable_dropout=False, rngs=None):
       enable_dropout=enable_dropout, rngs=rngs)
 
 
-def train(settings: DemoSettings, log=print) -> Tuple[Any, List[Dict]]:
+def train(settings: DemoSettings) -> Tuple[Any, List[Dict]]:
   """Trains the demo model; returns (params, history of logged metrics)."""
   module = network.SpeedTransformer(settings.config())
   batches = _batches('train', settings.batch_size, pack=True, shuffle=True,
@@ -158,7 +158,7 @@ def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
   log(f'Training {settings.num_unique_layers}x{settings.num_repeats} model '
       f'(width {settings.width}) for {settings.steps} steps on {TASK}...')
   start = time.time()
-  params, history = train(settings, log)
+  params, history = train(settings)
   meta = {'settings': dataclasses.asdict(settings), 'history': history,
           'train_seconds': time.time() - start}
   with open(path, 'wb') as f:
@@ -171,7 +171,7 @@ def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
 
 def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
              max_numbers: int = 2):
-  """Held-out (prompt tokens, target text) pairs with 1..2 numbers each.
+  """Held-out (prompt tokens, target text) pairs of `min..max_numbers`.
 
   Returns (prompts [count, P] right-padded, lengths [count], targets).
   """

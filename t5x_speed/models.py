@@ -10,7 +10,7 @@ A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
   T5X's own `decoding.temperature_sample` run the full-depth step;
 * `score_batch` scores with the final exit, or with every exit.
 
-This is the only module of the package that imports T5X.
+This is the only library module that needs T5X.
 """
 
 import dataclasses
@@ -27,6 +27,7 @@ from t5x import metrics as metrics_lib
 from t5x import models as t5x_models
 
 from t5x_speed import decoding
+from t5x_speed import inference
 from t5x_speed import losses
 from t5x_speed import network
 
@@ -222,8 +223,7 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
       decoder_params.update(
           pipeline_step_fn=functools.partial(self._pipeline_step,
                                              params=params),
-          initial_carry=jnp.zeros((inputs.shape[0], self.config.num_repeats -
-                                   1, self.config.emb_dim), self.config.dtype),
+          initial_carry=inference.initial_carry(self.config, inputs.shape[0]),
           return_stats=True)
     outputs = self._decode_fn(
         inputs=inputs, cache=cache,

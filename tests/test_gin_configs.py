@@ -126,14 +126,16 @@ class GinConfigTest(parameterized.TestCase):
 
   @parameterized.parameters(*[f.name for f in RUN_FILES])
   def test_run_file_has_paper_hyperparameters(self, name):
-    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,
-                tiny=name != 'demo_numbers.gin')
     if name == 'demo_numbers.gin':  # CPU-sized, not the paper's setup
+      self._parse(GIN / 'models' / 'speed_demo_2x3.gin', GIN / 'runs' / name,
+                  tiny=False)
       model = self._model()
       self.assertEqual((model.config.emb_dim, model.config.vocab_size),
                        (64, 384))
       self.assertEqual(model.output_vocabulary.vocab_size, 259)
+      self.assertEqual(gin.query_parameter('TRAIN_STEPS/macro.value'), 600)
       return
+    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name)
     self.assertEqual(gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value'),
                      {'inputs': 512, 'targets': 512})
     self.assertEqual(gin.query_parameter('MIXTURE_OR_TASK_MODULE/macro.value'),
