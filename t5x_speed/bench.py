@@ -150,10 +150,8 @@ def _decoder(method: str, module, speculative_vocab: int):
 
   @jax.jit
   def run(params, prompts, lengths, by_position, predictions):
-    inputs = inference.build_inputs(prompts, lengths, steps)
-    cache = inference.prefill(module, params, inputs[:, :prompts.shape[1] + 1],
-                              lengths, bidirectional=True,
-                              cache_length=inputs.shape[1])
+    inputs, cache = inference.prepare(module, params, prompts, lengths, steps,
+                                      bidirectional=True)
     spec = speculative_vocab if method == 'speed_short' else None
     to_logits, pipeline = inference.step_fns(module, params, spec)
     kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,

@@ -105,16 +105,36 @@ def build_inputs(prompts: Array, prompt_lengths: Array,
       jnp.zeros((batch, max_decode_steps), jnp.int32)], axis=1)
 
 
+def prepare(module: network.SpeedTransformer, params: Any, prompts: Array,
+            prompt_lengths: Array, max_decode_steps: int,
+            bidirectional: bool = False) -> Tuple[Array, network.KVCache]:
+  """T5X-style decode inputs [batch, 1 + P + steps] and their prefilled cache.
+
+  Only BOS + prompt are cached (or attended bidirectionally), so only that
+  span goes through the prefill.
+  """
+  inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
+  cache = prefill(module, params, inputs[:, :prompts.shape[1] + 1],
+                  prompt_lengths, bidirectional, cache_length=inputs.shape[1])
+  return inputs, cache
+
+
+def produced_tokens(decodes: Array, prompt_lengths: Array,
+                    max_decode_steps: int) -> Array:
+  """[batch, 1, length] decodes -> [batch, max_decode_steps] new tokens."""
+  # decodes[:, 0, k] is position k+1; generation starts at prompt_length+1.
+  return jax.vmap(lambda row, start: jax.lax.dynamic_slice(
+      row, (start,), (max_decode_steps,)))(decodes[:, 0], prompt_lengths)
+
+
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
     'record_schedule', 'speculative_vocab_size'))
 def _generate(module, params, prompts, prompt_lengths, *, max_decode_steps,
               method, eos_id, bidirectional, record_schedule,
               speculative_vocab_size) -> Generation:
-  inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
-  # Only BOS + prompt are cached (or attended bidirectionally): prefill them.
-  cache = prefill(module, params, inputs[:, :prompts.shape[1] + 1],
-                  prompt_lengths, bidirectional, cache_length=inputs.shape[1])
+  inputs, cache = prepare(module, params, prompts, prompt_lengths,
+                          max_decode_steps, bidirectional)
   tokens_to_logits, pipeline_step_fn = step_fns(module, params,
                                                 speculative_vocab_size)
   kwargs = dict(inputs=inputs, cache=cache, eos_id=eos_id,
@@ -130,10 +150,8 @@ def _generate(module, params, prompts, prompt_lengths, *, max_decode_steps,
         return_stats=True, record_schedule=record_schedule, **kwargs)
     decodes, scores, stats = out[:3]
     schedule = out[3] if record_schedule else None
-  # decodes[:, 0, k] is position k+1; generation starts at prompt_length+1.
-  produced = jax.vmap(lambda row, start: jax.lax.dynamic_slice(
-      row, (start,), (max_decode_steps,)))(decodes[:, 0], prompt_lengths)
-  return Generation(produced, scores[:, 0], stats, schedule)
+  return Generation(produced_tokens(decodes, prompt_lengths, max_decode_steps),
+                    scores[:, 0], stats, schedule)
 
 
 def generate(module: network.SpeedTransformer, params: Any, prompts: Array,

@@ -1,5 +1,6 @@
 """SPEED decoding: the worked example, the traps, exactness against greedy."""
 
+import doctest
 import re
 
 from absl.testing import absltest
@@ -91,6 +92,14 @@ class WorkedExampleTest(absltest.TestCase):
     self.assertEqual(int(stats.num_tokens[0]), 5)
     self.assertEqual(int(stats.num_steps[0]), 8)
     self.assertEqual(stats.flushes[0].tolist(), [0, 1, 0])
+
+
+class GenerateDocstringTest(absltest.TestCase):
+
+  def test_inference_docstring_example(self):
+    result = doctest.testmod(inference)
+    self.assertGreater(result.attempted, 0)
+    self.assertEqual(result.failed, 0)
 
 
 class ControlLogicTest(absltest.TestCase):

@@ -156,11 +156,9 @@ class ShortlistTest(parameterized.TestCase):
 
 def _decode_with(module, params, prompts, lengths, steps, wrap):
   """speed_decode with `wrap(step_fn, prefilled_cache, lengths)`."""
-  inputs = inference.build_inputs(prompts, lengths, steps)
-
   @jax.jit
-  def run(params, inputs, lengths):
-    cache = inference.prefill(module, params, inputs, lengths)
+  def run(params, prompts, lengths):
+    inputs, cache = inference.prepare(module, params, prompts, lengths, steps)
     _, step = inference.step_fns(module, params)
     return decoding.speed_decode(
         inputs, cache, eos_id=1, initial_index=lengths,
@@ -168,10 +166,9 @@ def _decode_with(module, params, prompts, lengths, steps, wrap):
         initial_carry=inference.initial_carry(module.config, inputs.shape[0]),
         return_stats=True)
 
-  decodes, scores, stats = run(params, inputs, lengths)
-  produced = jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (steps,)))(
-      decodes[:, 0], lengths)
-  return inference.Generation(produced, scores[:, 0], stats)
+  decodes, scores, stats = run(params, prompts, lengths)
+  return inference.Generation(
+      inference.produced_tokens(decodes, lengths, steps), scores[:, 0], stats)
 
 
 class AdversarialSpeculationTest(parameterized.TestCase):
