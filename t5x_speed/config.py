@@ -30,10 +30,6 @@ class SharingOrder(str, enum.Enum):
   CYCLE_REV = 'cycle_rev'
 
 
-def _as_dtype(dtype: Any) -> jnp.dtype:
-  return jnp.dtype(dtype)
-
-
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Hyperparameters of a decoder of G unique layers repeated R times.
@@ -103,7 +99,7 @@ class TransformerConfig:
           f'TransformerConfig.sharing must be one of '
           f'{[o.value for o in SharingOrder]}, got {self.sharing!r}.') from None
     try:
-      object.__setattr__(self, 'dtype', _as_dtype(self.dtype))
+      object.__setattr__(self, 'dtype', jnp.dtype(self.dtype))
     except TypeError:
       raise ValueError(f'TransformerConfig.dtype {self.dtype!r} is not a '
                        'dtype.') from None

@@ -110,8 +110,7 @@ def run(args) -> Dict:
   texts = {}
   for name in METHODS:
     toks = [np.asarray(o.tokens[0]) for o in outputs[name]]
-    produced = sum(min(len(t), list(t).index(1) + 1 if 1 in t else len(t))
-                   for t in toks)
+    produced = sum(list(t).index(1) + 1 if 1 in t else len(t) for t in toks)
     texts[name] = [_text(t, vocab) for t in toks]
     median = float(np.median(seconds[name]))
     results[name] = {

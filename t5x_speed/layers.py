@@ -46,6 +46,14 @@ def _use_row_matvecs(rows: int, kernel_size: int) -> bool:
           jax.default_backend() == 'cpu')
 
 
+def _per_row(x: Array, batch_ndim: int, row_fn) -> Array:
+  """Stacks row_fn over the (few) rows in the leading batch_ndim axes."""
+  batch_shape = x.shape[:batch_ndim]
+  rows = x.reshape((-1,) + x.shape[batch_ndim:])
+  out = jnp.stack([row_fn(row) for row in rows])
+  return out.reshape(batch_shape + out.shape[1:])
+
+
 class Dense(nn.Module):
   """Bias-free linear map over the trailing `len(in_shape)` axes.
 
@@ -69,16 +77,12 @@ class Dense(nn.Module):
         axes=self.kernel_axes)
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
     x = jnp.asarray(x, self.dtype)
-    batch_shape = x.shape[:x.ndim - self.num_in_axes]
+    batch_ndim = x.ndim - self.num_in_axes
     k_axes = tuple(range(self.num_in_axes))
-    rows = int(np.prod(batch_shape))
-    if _use_row_matvecs(rows, kernel.size):
-      flat = x.reshape((rows,) + in_shape)
-      out = jnp.stack([lax.dot_general(flat[i], kernel, ((k_axes, k_axes),
-                                                         ((), ())))
-                       for i in range(rows)])
-      return out.reshape(batch_shape + features)
-    contract = tuple(range(len(batch_shape), x.ndim))
+    if _use_row_matvecs(int(np.prod(x.shape[:batch_ndim])), kernel.size):
+      return _per_row(x, batch_ndim, lambda row: lax.dot_general(
+          row, kernel, ((k_axes, k_axes), ((), ()))))
+    contract = tuple(range(batch_ndim, x.ndim))
     return lax.dot_general(x, kernel, ((contract, k_axes), ((), ())))
 
 
@@ -151,11 +155,8 @@ class Embed(nn.Module):
     table = jnp.asarray(self.embedding, jnp.float32)
     if vocab_limit is not None:
       table = table[:vocab_limit]
-    rows = int(np.prod(query.shape[:-1]))
-    if _use_row_matvecs(rows, table.size):
-      flat = query.reshape(rows, -1)
-      logits = jnp.stack([jnp.dot(table, flat[i]) for i in range(rows)])
-      return logits.reshape(query.shape[:-1] + (table.shape[0],))
+    if _use_row_matvecs(int(np.prod(query.shape[:-1])), table.size):
+      return _per_row(query, query.ndim - 1, lambda row: jnp.dot(table, row))
     return jnp.dot(query, table.T)
 
 

@@ -126,12 +126,11 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     metrics = self._compute_metrics(
         logits=exit_logits[-1], targets=targets, mask=weights, loss=loss,
         z_loss=z_loss, segment_ids=segment_ids)
-    mask = weights if weights is not None else (targets > 0)
     for i, exit_loss in enumerate(per_exit):
       metrics[f'exit_{i + 1}/loss'] = metrics_lib.AveragePerStep(
           total=exit_loss)
     for name, (total, count) in losses.exit_statistics(
-        exit_logits, targets, mask).items():
+        exit_logits, targets, weights).items():
       metrics[name] = clu_metrics.Average(total=total, count=count)
     return loss, metrics
 
