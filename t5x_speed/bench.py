@@ -40,7 +40,7 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
@@ -58,24 +58,41 @@ FORCE = 1e9
 PROMPTS = 16  # the same prompts at every batch size
 
 
-def _flags(argv):
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                     argparse.ArgumentDefaultsHelpFormatter):
+  """Keeps the module docstring's layout and shows every flag's default."""
+
+
+def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog='python -m t5x_speed.bench',
                               description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--configs', default='4x3,2x6', help='GxR list (T5-Base width).')
-  p.add_argument('--batch_sizes', default='1,4,16')
+                              formatter_class=_HelpFormatter)
+  p.add_argument('--configs', default='4x3,2x6',
+                 help='comma-separated GxR shared models (G unique layers '
+                 'repeated R times) at T5-Base width.')
+  p.add_argument('--batch_sizes', default='1,4,16',
+                 help=f'comma-separated batch sizes; each must divide the '
+                 f'{PROMPTS} prompts.')
   p.add_argument('--lengths', default='short,long',
                  help='short: one number (~20-45 tokens), long: two (~50-90); '
                  f'{PROMPTS} prompts each, in batches of each batch size.')
-  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--repeats', type=int, default=3,
+                 help='timed runs of every method; the median is reported.')
   p.add_argument('--speculative_vocab', type=int, default=4096,
                  help='K of the speed_short method; 0 leaves it out.')
-  p.add_argument('--out', default='bench_out')
+  p.add_argument('--out', default='bench_out',
+                 help='directory bench.json and bench.md are written to.')
   p.add_argument('--demo_out', default='demo_out',
                  help='where the demo models are saved / trained.')
   p.add_argument('--quick', action='store_true',
-                 help='4x3, batch 1, short only, greedy vs SPEED.')
-  return p.parse_args(argv)
+                 help='4x3, batch 1, short only, greedy vs SPEED (overrides '
+                 '--configs, --batch_sizes and --lengths; no G-layer, '
+                 '12-layer, shortlist or T5X baselines).')
+  return p
+
+
+def _flags(argv):
+  return _parser().parse_args(argv)
 
 
 def memory_bandwidth() -> float:
@@ -302,6 +319,12 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
           'methods': rows}
 
 
+def _ratio(value: Optional[float]) -> str:
+  """'1.23x', or '–' where a ratio does not apply: a baseline that was not
+  run (the G-layer model with --quick) or greedy's rows-free ideal."""
+  return '–' if value is None else f'{value:.2f}x'
+
+
 def _markdown(results: List[Dict], meta: Dict) -> str:
   lines = [f'Machine: {meta["machine"]}; JAX {meta["jax"]} on '
            f'{meta["backend"]}; measured memory bandwidth '
@@ -317,15 +340,14 @@ def _markdown(results: List[Dict], meta: Dict) -> str:
            '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for res in results:
     for method, row in res['methods'].items():
-      ideal = row['rows_free_ideal_speedup']
       lines.append(
           f'| {res["config"]} | {res["batch"]} | {res["length"]} | {method} | '
           f'{row["tokens_per_second"]:.1f} | '
           f'{row["ms_per_token_per_sequence"]:.1f} | '
           f'{row["vs_greedy_same_model"]:.2f}x | '
-          f'{row.get("vs_unshared_g_layers", float("nan")):.2f}x | '
+          f'{_ratio(row.get("vs_unshared_g_layers"))} | '
           f'{row["steps_per_token"]:.2f} | '
-          f'{"" if ideal is None else f"{ideal:.2f}x"} | '
+          f'{_ratio(row["rows_free_ideal_speedup"])} | '
           f'{row["bytes_ideal_speedup"]:.2f}x | '
           f'{row["bandwidth_bound_fraction"]:.0%} | '
           f'{row["replay_consistent"]} |')

@@ -1,7 +1,9 @@
 """seqio tasks and mixtures of the SPEED paper, registered on import.
 
 `import t5x_speed.tasks` registers, with T5's SentencePiece vocabulary (or the
-model file named by the environment variable T5X_SPEED_VOCAB, read now):
+model file named by the environment variable T5X_SPEED_VOCAB, read now; the
+file itself is read on first use, and an unreadable one raises
+`VocabularyNotReadableError` saying how to point at a local file):
 
 * tasks 'speed_c4_prefix_lm', 'speed_c4_span_corruption', 'speed_wmt_ende',
   'speed_paracrawl_ende', 'speed_paracrawl_paragraph_ende',
@@ -34,5 +36,8 @@ from t5x_speed.tasks.registry import VOCAB_ENV_VAR
 from t5x_speed.tasks.registry import WIKILINGUA_EN
 from t5x_speed.tasks.registry import WMT_ENDE
 from t5x_speed.tasks.sources import DatasetNotPreparedError
+from t5x_speed.tasks.vocabularies import SentencePieceVocabulary
+from t5x_speed.tasks.vocabularies import vocabulary_path
+from t5x_speed.tasks.vocabularies import VocabularyNotReadableError
 
 register_tasks()

@@ -8,7 +8,6 @@ concatenates the two and attends bidirectionally over `inputs`.
 """
 
 import functools
-import os
 from typing import Dict, Optional, Union
 
 import seqio
@@ -18,10 +17,10 @@ from t5x_speed.tasks import metrics
 from t5x_speed.tasks import objectives
 from t5x_speed.tasks import preprocessors
 from t5x_speed.tasks import sources
+from t5x_speed.tasks import vocabularies
 
-DEFAULT_VOCAB_PATH = (
-    'gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model')
-VOCAB_ENV_VAR = 'T5X_SPEED_VOCAB'
+DEFAULT_VOCAB_PATH = vocabularies.DEFAULT_VOCAB_PATH
+VOCAB_ENV_VAR = vocabularies.VOCAB_ENV_VAR
 PARAGRAPH_DIR_ENV_VAR = sources.PARAGRAPH_DIR_ENV_VAR
 
 # Feature lengths of the paper's pretraining and finetuning runs.
@@ -67,16 +66,18 @@ _SPLITS = ('train', 'validation', 'test')
 VocabularyOrPath = Union[seqio.Vocabulary, str]
 
 
-def default_vocabulary() -> seqio.SentencePieceVocabulary:
+def default_vocabulary() -> vocabularies.SentencePieceVocabulary:
   """T5's SentencePiece vocabulary, or the model file in $T5X_SPEED_VOCAB.
 
-  The model file is read on first use, not here.
+  The model file is read on first use, not here; if it cannot be read then
+  (e.g. T5's gs:// file offline), first use raises
+  `VocabularyNotReadableError` naming T5X_SPEED_VOCAB and the gin macro
+  SENTENCEPIECE_MODEL.
 
   Returns:
     The vocabulary (no extra ids: T5's model already holds its 100 sentinels).
   """
-  return seqio.SentencePieceVocabulary(
-      os.environ.get(VOCAB_ENV_VAR) or DEFAULT_VOCAB_PATH)
+  return vocabularies.SentencePieceVocabulary(vocabularies.vocabulary_path())
 
 
 def output_features(
@@ -180,8 +181,8 @@ def register_tasks(vocabulary: Optional[VocabularyOrPath] = None,
   own that contain these tasks must be registered again afterwards.
 
   Args:
-    vocabulary: a seqio vocabulary or the path of a SentencePiece model, for
-      both features; None is `default_vocabulary()` ($T5X_SPEED_VOCAB, else
+    vocabulary: a seqio vocabulary or the path of a SentencePiece model
+      (read on first use), for both features; None is `default_vocabulary()` ($T5X_SPEED_VOCAB, else
       T5's model).
     paragraph_data_dir: directory of the paragraph-level Paracrawl files;
       None reads $T5X_SPEED_PARACRAWL_PARAGRAPH_DIR when the data is read.
@@ -193,7 +194,7 @@ def register_tasks(vocabulary: Optional[VocabularyOrPath] = None,
   if vocabulary is None:
     vocabulary = default_vocabulary()
   elif isinstance(vocabulary, str):
-    vocabulary = seqio.SentencePieceVocabulary(vocabulary)
+    vocabulary = vocabularies.SentencePieceVocabulary(vocabulary)
   features = output_features(vocabulary)
   tasks = {
       **_c4_tasks(features, tfds_data_dir),

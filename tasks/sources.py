@@ -128,14 +128,46 @@ class PreparedTfdsSource(seqio.TfdsDataSource):
       raise self._not_prepared(e) from e
 
 
-def _parse_tsv_pairs(lines: tf.data.Dataset, keys: Tuple[str, str]):
-  lines = lines.filter(lambda line: tf.strings.length(line) > 0)
+def _numbered_lines(path: tf.Tensor) -> tf.data.Dataset:
+  """(path, 1-based line number, line) of each line of a text file."""
+  lines = tf.data.TextLineDataset(path).enumerate(start=1)
+  return lines.map(lambda number, line: (path, number, line))
 
-  def parse(line):
+
+def _parse_tsv_pairs(lines: tf.data.Dataset, keys: Tuple[str, str]):
+  """{keys[0]: text, keys[1]: text} of `_numbered_lines` with one tab each.
+
+  A line with another number of fields fails iteration with a
+  `tf.errors.InvalidArgumentError` naming the file and the line, instead of
+  `tf.io.decode_csv`'s "Expect 2 fields but have 1 in record 0".
+
+  Args:
+    lines: (path, line number, line) of every line, e.g. `_numbered_lines`
+      of each file, interleaved. Empty lines are skipped.
+    keys: names of the two columns.
+
+  Returns:
+    A dataset of the pairs.
+  """
+  lines = lines.filter(lambda path, number, line: tf.strings.length(line) > 0)
+  layout = '<TAB>'.join(keys)
+
+  def parse(path, number, line):
     # No quote handling: quotes are ordinary characters of the text.
-    columns = tf.io.decode_csv(line, record_defaults=['', ''],
-                               field_delim='\t', use_quote_delim=False)
-    return dict(zip(keys, columns))
+    fields = tf.strings.split(line, '\t')
+    count = tf.size(fields)
+    # Built for every line (cheap next to tokenizing it): tf.debugging.Assert
+    # takes its message as tensors, and this one needs the path and number.
+    # No quotes in it: Assert prints them backslash-escaped.
+    message = tf.strings.join([
+        'Malformed line ', tf.strings.as_string(number),
+        ' of paragraph TSV file ', path, ': expected 2 tab-separated fields (',
+        layout, '), found ', tf.strings.as_string(count),
+        '. Texts cannot contain tabs or newlines; use TFRecord files for '
+        'those.'])
+    check = tf.debugging.Assert(tf.equal(count, 2), [message])
+    with tf.control_dependencies([check]):  # before indexing the fields
+      return {key: fields[i] for i, key in enumerate(keys)}
 
   return lines.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -279,7 +311,7 @@ class ParagraphPairSource(seqio.DataSource):
     if shuffle:
       files_ds = files_ds.shuffle(len(files), seed=seed)
     if fmt == 'tsv':
-      reader, parse = tf.data.TextLineDataset, _parse_tsv_pairs
+      reader, parse = _numbered_lines, _parse_tsv_pairs
     else:
       reader, parse = tf.data.TFRecordDataset, _parse_tfexample_pairs
     logging.info('Reading %s %s from %d %s files.', self._dataset_name, split,
