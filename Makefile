@@ -1,11 +1,22 @@
 # `make test` and `make demo` work on a fresh machine that reaches PyPI only:
 # they create .venv if missing and install the package with its test extras.
+#
+# T5X is not on PyPI. `make test T5X_WHEELS=dir` installs it from a folder of
+# wheels (t5x, airio, jestimator, built from their repositories) and then
+# requires every test to run: a skipped test fails the run. CI does this with
+# ../shared/wheels. Without T5X_WHEELS, tests that need T5X skip unless T5X is
+# installed into .venv some other way (see README).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+T5X_WHEELS ?=
+T5X_STAMP := $(VENV)/.t5x-installed
+# What T5X needs besides this package's pins and does not pull in itself.
+T5X_REQUIREMENTS := fiddle==0.3.1 chex jaxtyping cached_property tensorstore \
+	grain==0.2.12 pyglove editdistance
 
-.PHONY: install test demo bench clean
+.PHONY: install install-t5x test demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +30,22 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-# pytest runs from tests/, where the tests and their helpers live.
-test: install
-	cd tests && ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+$(T5X_STAMP): $(STAMP) $(wildcard $(T5X_WHEELS)/*.whl)
+	@test -n "$(T5X_WHEELS)" || { echo "T5X_WHEELS is not set: make install-t5x T5X_WHEELS=dir"; exit 2; }
+	@ls $(T5X_WHEELS)/t5x-*.whl >/dev/null 2>&1 || { echo "No t5x wheel in T5X_WHEELS=$(T5X_WHEELS)"; exit 2; }
+	$(BIN)/python -m pip install -q $(T5X_REQUIREMENTS)
+	# --no-deps: the wheels' metadata would replace this package's pins.
+	$(BIN)/python -m pip install -q --no-deps $(T5X_WHEELS)/*.whl
+	$(BIN)/python -c "import t5x.train, t5x.examples.decoder_only.network"
+	touch $(T5X_STAMP)
+
+install-t5x: $(T5X_STAMP)
+
+# pytest runs from tests/, where the tests and their helpers live. With
+# T5X_WHEELS set, T5X_SPEED_REQUIRE_ALL_TESTS makes any skip an error.
+test: install $(if $(T5X_WHEELS),install-t5x)
+	cd tests && $(if $(T5X_WHEELS),T5X_SPEED_REQUIRE_ALL_TESTS=1) \
+	  ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 demo: install
 	$(BIN)/python -m t5x_speed.demo $(DEMO_ARGS)

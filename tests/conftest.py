@@ -1,7 +1,38 @@
-"""Test session setup: two host CPU devices, for the partitioning tests."""
+"""Test session setup and the rules on skipped tests.
 
+Tests that need T5X skip where it is absent (it is not on PyPI). With
+T5X_SPEED_REQUIRE_ALL_TESTS=1 (`make test T5X_WHEELS=...`, as CI runs it) a
+skipped test fails the run instead, so CI cannot pass without the T5X tests.
+"""
+
+import importlib.util
 import os
 
 # Must precede the first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=2').strip()
+
+REQUIRE_ALL = os.environ.get('T5X_SPEED_REQUIRE_ALL_TESTS') == '1'
+HAS_T5X = importlib.util.find_spec('t5x') is not None
+T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
+            'https://github.com/google-research/t5x (or run `make test '
+            'T5X_WHEELS=<folder of t5x wheels>`) to run them.')
+
+
+def pytest_sessionfinish(session, exitstatus):
+  reporter = session.config.pluginmanager.get_plugin('terminalreporter')
+  skipped = len(reporter.stats.get('skipped', [])) if reporter else 0
+  if REQUIRE_ALL and skipped:
+    session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+  skipped = terminalreporter.stats.get('skipped', [])
+  if REQUIRE_ALL and skipped:
+    terminalreporter.write_line(
+        f'FAILED: {len(skipped)} test(s) skipped, but '
+        'T5X_SPEED_REQUIRE_ALL_TESTS=1 requires every test to run:', red=True)
+    for report in skipped:
+      terminalreporter.write_line(f'  {report.nodeid}: {report.longrepr}')
+  elif not HAS_T5X:
+    terminalreporter.write_line(T5X_HINT, yellow=True)

@@ -4,6 +4,7 @@ import os
 import pathlib
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -19,6 +20,7 @@ import t5x.infer
 import t5x.train
 
 from t5x_speed import models
+from t5x_speed.tasks import sources
 import t5x_helpers as th
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -38,8 +40,9 @@ TINY = [
     "CHECKPOINT_PATH = '/tmp/unused'",
     "INFER_OUTPUT_DIR = '/tmp/unused'",
     "EVAL_OUTPUT_DIR = '/tmp/unused'",
-    "MIXTURE_OR_TASK_NAME = 'speed_wmt_ende'",
 ]
+# What eval and infer runs require from the user.
+TASK = "MIXTURE_OR_TASK_NAME = 'speed_wmt_ende'"
 
 
 def setUpModule():
@@ -124,42 +127,97 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(decodes.shape, (2, 12))
     self.assertEqual('speed/num_steps' in aux, r > 1)
 
-  @parameterized.parameters(*[f.name for f in RUN_FILES])
-  def test_run_file_has_paper_hyperparameters(self, name):
-    if name == 'demo_numbers.gin':  # CPU-sized, not the paper's setup
-      self._parse(GIN / 'models' / 'speed_demo_2x3.gin', GIN / 'runs' / name,
-                  tiny=False)
-      model = self._model()
-      self.assertEqual((model.config.emb_dim, model.config.vocab_size),
-                       (64, 384))
-      self.assertEqual(model.output_vocabulary.vocab_size, 259)
-      self.assertEqual(gin.query_parameter('TRAIN_STEPS/macro.value'), 600)
-      return
-    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name)
-    self.assertEqual(gin.query_parameter('TASK_FEATURE_LENGTHS/macro.value'),
-                     {'inputs': 512, 'targets': 512})
-    self.assertEqual(gin.query_parameter('MIXTURE_OR_TASK_MODULE/macro.value'),
-                     't5x_speed.tasks')
-    lr = lambda p: gin.query_parameter(
-        f'utils.create_learning_rate_scheduler.{p}')
-    if name == 'pretrain_c4.gin':
-      self.assertEqual(gin.query_parameter('TRAIN_STEPS/macro.value'), 524288)
-      self.assertEqual(gin.query_parameter('BATCH_SIZE/macro.value'), 128)
-      self.assertEqual(gin.query_parameter('DROPOUT_RATE/macro.value'), 0.0)
-      self.assertEqual(lr('factors'), 'constant * rsqrt_decay')
-      self.assertEqual((lr('base_learning_rate'), lr('warmup_steps')),
-                       (1.0, 10000))
-    elif name.startswith('finetune_'):
-      self.assertEqual(gin.query_parameter('TRAIN_STEPS/macro.value'),
-                       524288 + 262144)
-      self.assertEqual(gin.query_parameter('BATCH_SIZE/macro.value'), 128)
-      self.assertEqual(gin.query_parameter('DROPOUT_RATE/macro.value'), 0.1)
-      self.assertEqual(lr('factors'), 'constant * linear_warmup')
-      self.assertEqual((lr('base_learning_rate'), lr('warmup_steps')),
-                       (0.001, 1000))
+  def _built(self, name):
+    """The value gin passes for macro or parameter `name`, references called."""
+    value = gin.query_parameter(name)
+    if isinstance(value, gin.config.ConfigurableReference):
+      return value.scoped_configurable_fn()
+    return value
+
+  def _train_dataset(self, model):
+    """The train dataset `t5x.train` would build from the parsed config."""
+    cfg = self._built('train_script.train.train_dataset_cfg')
+    return cfg, t5x.utils.get_dataset(
+        cfg, shard_id=0, num_shards=1,
+        feature_converter_cls=model.FEATURE_CONVERTER_CLS)
+
+  def test_demo_run_file_trains_on_the_generated_task(self):
+    self._parse(GIN / 'models' / 'speed_demo_2x3.gin',
+                GIN / 'runs' / 'demo_numbers.gin', tiny=False)
     model = self._model()
-    self.assertEqual(model.config.dropout_rate,
-                     gin.query_parameter('DROPOUT_RATE/macro.value'))
+    self.assertEqual((model.config.emb_dim, model.config.vocab_size),
+                     (64, 384))
+    self.assertEqual(model.output_vocabulary.vocab_size, 259)
+    self.assertEqual(self._built('train_script.train.total_steps'), 600)
+    # T5X refuses periods that do not divide each other.
+    eval_period = self._built('train_script.train.eval_period')
+    save_period = self._built('utils.SaveCheckpointConfig.period')
+    self.assertEqual(max(eval_period, save_period) %
+                     min(eval_period, save_period), 0)
+    _, dataset = self._train_dataset(model)
+    batch = next(iter(dataset))
+    self.assertEqual(batch['decoder_target_tokens'].shape, (16, 136))
+
+  @parameterized.parameters(*[f.name for f in RUN_FILES
+                              if f.name.startswith(('pretrain', 'finetune_'))])
+  def test_paper_training_run(self, name):
+    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,
+                bindings=["INITIAL_CHECKPOINT_PATH = "
+                          "'/ckpt/pretrained/checkpoint_524288'"])
+    model = self._model()
+    lr = self._built('trainer.Trainer.learning_rate_fn')
+    at = lambda step: float(lr(np.int32(step)))
+    if name == 'pretrain_c4.gin':
+      self.assertEqual(self._built('train_script.train.total_steps'), 524288)
+      self.assertEqual(model.config.dropout_rate, 0.0)
+      # Adafactor's rsqrt decay: 1 / sqrt(max(step, 10k)).
+      for step, want in ((0, 0.01), (10000, 0.01), (40000, 0.005),
+                         (524288, 524288 ** -0.5)):
+        self.assertAlmostEqual(at(step), want, places=7, msg=step)
+    else:
+      # 262,144 finetuning steps after the checkpoint's 524,288.
+      self.assertEqual(self._built('train_script.train.total_steps'), 786432)
+      self.assertEqual(model.config.dropout_rate, 0.1)
+      # 1e-3 after a 1k linear warmup from the restored step (T5X floors
+      # the rate at 1e-8).
+      for step, want in ((524288, 1e-8), (524289, 1e-6), (524788, 5e-4),
+                         (525288, 1e-3), (786431, 1e-3)):
+        self.assertAlmostEqual(at(step), want, places=9, msg=step)
+    cfg = self._built('train_script.train.train_dataset_cfg')
+    self.assertEqual((cfg.batch_size, cfg.task_feature_lengths, cfg.use_cached,
+                      cfg.pack, cfg.split),
+                     (128, {'inputs': 512, 'targets': 512}, False, True,
+                      'train'))
+    task = {'pretrain_c4.gin': 'speed_pretrain',
+            'finetune_all.gin': 'speed_finetune_all',
+            'finetune_paracrawl_ende.gin': 'speed_paracrawl_paragraph_ende',
+            'finetune_wikilingua.gin': 'speed_wikilingua_en'}.get(
+                name, 'speed_' + name[len('finetune_'):-len('.gin')])
+    self.assertEqual(cfg.mixture_or_task_name, task)
+    # Building the dataset reaches the task's own source (uncached): with no
+    # data prepared, its clear error, not seqio's cache assertion.
+    empty = tempfile.mkdtemp()
+    with mock.patch.dict(os.environ, {
+        'TFDS_DATA_DIR': empty,
+        'T5X_SPEED_PARACRAWL_PARAGRAPH_DIR': empty}):
+      with self.assertRaises(sources.DatasetNotPreparedError):
+        _, dataset = self._train_dataset(model)
+        next(iter(dataset))
+
+  def test_eval_and_infer_run_files(self):
+    for name in ('eval.gin', 'infer.gin'):
+      self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,
+                  bindings=[TASK])
+      self.assertEqual(self._model().config.dropout_rate, 0.0)
+      script = ('eval_script.evaluate' if name == 'eval.gin' else
+                'infer_script.infer')
+      cfg = self._built(f'{script}.dataset_cfg')
+      self.assertEqual((cfg.split, cfg.use_cached), ('test', False))
+      self.assertEqual(cfg.task_feature_lengths,
+                       {'inputs': 512, 'targets': 512})
+    # SPEED's statistics are written with the predictions.
+    self.assertEqual(self._built('infer_script.infer.mode'),
+                     'predict_with_aux')
 
   def test_architecture_defaults_are_t5_base_bf16(self):
     gin.clear_config()
@@ -193,7 +251,8 @@ class GinConfigTest(parameterized.TestCase):
     for name, flag in choices.items():
       extra = [GIN / 'decoding' / name] if name.endswith('.gin') else []
       self._parse(GIN / 'models' / 'speed_base_2x6.gin',
-                  GIN / 'runs' / 'infer.gin', *extra, bindings=flag)
+                  GIN / 'runs' / 'infer.gin', *extra,
+                  bindings=flag + [TASK])
       model = self._model()
       if params is None:
         params = th.init_params(model, batch, seed=5)

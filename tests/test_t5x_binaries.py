@@ -24,6 +24,7 @@ import tensorflow as tf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
+FT_STEPS = 4
 TASK_MODULE = textwrap.dedent('''\
     """A tiny seqio task for the binaries test: reverse a list of words."""
     import functools
@@ -98,24 +99,9 @@ def _tiny_bindings(root: str):
   ]
 
 
-def _write_train_overrides(root: str) -> str:
-  """Binds `__main__.train` arguments, which flags cannot name by alias."""
-  path = os.path.join(root, 'train_overrides.gin')
-  with open(path, 'w') as f:
-    f.write(textwrap.dedent(f'''\
-        from __gin__ import dynamic_registration
-        import __main__ as train_script
-        train_script.train:
-          eval_period = {STEPS // 2}
-          eval_steps = 2
-        '''))
-  return path
-
-
-def _run(binary: str, root: str, files, bindings, extra_files=()):
+def _run(binary: str, root: str, files, bindings):
   cmd = [sys.executable, '-m', f't5x.{binary}']
   cmd += [f'--gin_file={REPO / "gin" / f}' for f in files]
-  cmd += [f'--gin_file={f}' for f in extra_files]
   cmd += [f'--gin.{b}' for b in _tiny_bindings(root) + bindings]
   cmd += [f'--gin_search_paths={REPO}', '--alsologtostderr']
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -128,12 +114,20 @@ def _run(binary: str, root: str, files, bindings, extra_files=()):
   return proc
 
 
-def _scalar_tags(event_dir: str):
-  tags = set()
+def _scalars(event_dir: str):
+  """{tag: {step: value}} of the TensorBoard scalars in event_dir."""
+  scalars = {}
   for path in glob.glob(os.path.join(event_dir, 'events.out.tfevents*')):
     for event in tf.compat.v1.train.summary_iterator(path):
-      tags.update(v.tag for v in event.summary.value)
-  return tags
+      for v in event.summary.value:
+        if v.HasField('simple_value'):
+          value = v.simple_value
+        else:
+          value = tf.make_ndarray(v.tensor)
+          if value.ndim or value.dtype.kind not in 'fiu':
+            continue  # text summaries (the gin config)
+        scalars.setdefault(v.tag, {})[event.step] = float(value)
+  return scalars
 
 
 class StockBinariesTest(absltest.TestCase):
@@ -143,19 +137,32 @@ class StockBinariesTest(absltest.TestCase):
     _write_data(root)
     model_dir = os.path.join(root, 'model')
     model = 'models/speed_base_4x3.gin'
+    # The run files as shipped (eval period, uncached data, schedule); only
+    # sizes, steps and the task differ.
     _run('train', root, [model, 'runs/pretrain_c4.gin'], [
         f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
-        'BATCH_SIZE = 8', 'USE_CACHED_TASKS = False',
-        f'utils.SaveCheckpointConfig.period = {STEPS}',
-        'utils.create_learning_rate_scheduler.warmup_steps = 100'],
-         extra_files=[_write_train_overrides(root)])
-    checkpoint = os.path.join(model_dir, f'checkpoint_{STEPS}')
-    self.assertTrue(os.path.isdir(checkpoint))
-    tags = _scalar_tags(os.path.join(model_dir, 'train'))
+        'BATCH_SIZE = 8'])
+    pretrained = os.path.join(model_dir, f'checkpoint_{STEPS}')
+    self.assertTrue(os.path.isdir(pretrained))
+    scalars = _scalars(os.path.join(model_dir, 'train'))
     for tag in ('exit_1/loss', 'exit_3/loss', 'exit_1/accuracy',
                 'exit_3/accuracy', 'exit_2/flip_rate', 'exit_3/flip_rate',
                 'loss', 'accuracy'):
-      self.assertIn(tag, tags)
+      self.assertIn(tag, scalars)
+
+    # Finetuning counts its steps and its warmup from the restored step.
+    ft_dir = os.path.join(root, 'finetune')
+    _run('train', root, [model, 'runs/finetune.gin'], [
+        f"MODEL_DIR = '{ft_dir}'", f"INITIAL_CHECKPOINT_PATH = '{pretrained}'",
+        f'FINETUNE_STEPS = {FT_STEPS}', 'BATCH_SIZE = 8'])
+    checkpoint = os.path.join(ft_dir, f'checkpoint_{STEPS + FT_STEPS}')
+    self.assertTrue(os.path.isdir(checkpoint))
+    # constant 1e-3 * linear warmup over 1,000 steps counted from step
+    # STEPS: the rate logged at the end is the last update's, made from step
+    # STEPS + FT_STEPS - 1 (without the offset it would be 1e-3).
+    lr = _scalars(os.path.join(ft_dir, 'train'))['learning_rate/current']
+    self.assertAlmostEqual(lr[STEPS + FT_STEPS], 1e-3 * (FT_STEPS - 1) / 1000,
+                           delta=1e-10)
 
     eval_dir = os.path.join(root, 'eval')
     _run('eval', root, [model, 'runs/eval.gin'], [
@@ -176,8 +183,14 @@ class StockBinariesTest(absltest.TestCase):
       with open(files[0]) as f:
         predictions[name] = [json.loads(line) for line in f]
     self.assertLen(predictions['speed'], 12)
-    self.assertEqual(predictions['speed'], predictions['greedy'])
+    text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
+    self.assertEqual(text(predictions['speed']), text(predictions['greedy']))
     self.assertTrue(any(p['prediction'] for p in predictions['speed']))
+    # predict_with_aux (infer.gin) writes SPEED's statistics per example.
+    for row in predictions['speed']:
+      self.assertGreaterEqual(row['aux']['speed/num_steps'],
+                              row['aux']['speed/num_tokens'])
+    self.assertNotIn('speed/num_steps', predictions['greedy'][0]['aux'])
 
 
 if __name__ == '__main__':
