@@ -25,3 +25,29 @@ def tiny_model(**overrides):
                                           cfg.num_repeats), tokens, tokens,
                        enable_dropout=False)['params']
   return module, params
+
+
+def train_sentencepiece(directory: str, lines=None, vocab_size: int = 100) -> str:
+  """Trains a T5-style SentencePiece model (pad 0, EOS 1, UNK 2, no BOS).
+
+  Args:
+    directory: where the text and `spm.model` are written.
+    lines: training text; by default translation-like English/German lines.
+    vocab_size: the model's vocabulary size.
+
+  Returns:
+    The path of the model file.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  if lines is None:
+    lines = [f'translate English to German: the house number {i} is blue '
+             f'und das Haus ist blau {i * 7}' for i in range(300)]
+  text = os.path.join(directory, 'spm.txt')
+  with open(text, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  prefix = os.path.join(directory, 'spm')
+  spm.SentencePieceTrainer.train(
+      input=text, model_prefix=prefix, vocab_size=vocab_size, pad_id=0,
+      eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+  return prefix + '.model'

@@ -12,7 +12,6 @@ import gin
 import jax
 import numpy as np
 import pytest
-import sentencepiece as spm
 
 t5x = pytest.importorskip('t5x')
 import t5x.eval  # pylint: disable=g-import-not-at-top
@@ -21,6 +20,7 @@ import t5x.train
 
 from t5x_speed import models
 from t5x_speed.tasks import sources
+import helpers
 import t5x_helpers as th
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -54,26 +54,13 @@ def setUpModule():
       setattr(main, name, fn)
 
 
-def _sentencepiece_model(tmp_dir: str) -> str:
-  text = os.path.join(tmp_dir, 'text.txt')
-  with open(text, 'w') as f:
-    for i in range(300):
-      f.write(f'translate English to German: the house number {i} is blue '
-              f'und das Haus ist blau {i * 7}\n')
-  prefix = os.path.join(tmp_dir, 'spm')
-  spm.SentencePieceTrainer.train(
-      input=text, model_prefix=prefix, vocab_size=100, pad_id=0, eos_id=1,
-      unk_id=2, bos_id=-1, minloglevel=2)
-  return prefix + '.model'
-
-
 class GinConfigTest(parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = tempfile.mkdtemp()
-    cls.spm = _sentencepiece_model(cls.tmp)
+    cls.spm = helpers.train_sentencepiece(cls.tmp)
 
   def tearDown(self):
     gin.clear_config()

@@ -30,7 +30,8 @@ from absl.testing import absltest
 import pytest
 
 pytest.importorskip('t5x')
-import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+
+import helpers  # pylint: disable=g-import-not-at-top
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEMO_STEPS = 20
@@ -79,18 +80,6 @@ def _run(command: str, extra_flags: List[str], env: dict):
                         capture_output=True, text=True, timeout=900)
 
 
-def _sentencepiece_model(root: str) -> str:
-  text = os.path.join(root, 'spm.txt')
-  with open(text, 'w') as f:
-    for i in range(300):
-      f.write(f'translate English to German: the house {i} is blue '
-              f'und das Haus ist blau {i * 7}\n')
-  spm.SentencePieceTrainer.train(
-      input=text, model_prefix=os.path.join(root, 'spm'), vocab_size=100,
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
-  return os.path.join(root, 'spm.model')
-
-
 class ReadmeCommandsTest(absltest.TestCase):
 
   @classmethod
@@ -100,7 +89,7 @@ class ReadmeCommandsTest(absltest.TestCase):
     cls.root = tempfile.mkdtemp()
     cls.tfds_dir = os.path.join(cls.root, 'tensorflow_datasets')  # empty
     os.makedirs(cls.tfds_dir)
-    cls.vocab = _sentencepiece_model(cls.root)
+    cls.vocab = helpers.train_sentencepiece(cls.root)
     # `python` is this interpreter, as in an activated virtualenv.
     path = os.pathsep.join([os.path.dirname(sys.executable),
                             os.environ.get('PATH', '')])

@@ -19,8 +19,9 @@ from absl.testing import absltest
 import pytest
 
 pytest.importorskip('t5x')
-import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
+
+import helpers  # pylint: disable=g-import-not-at-top
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -73,12 +74,7 @@ def _write_data(root: str):
         line = f"{' '.join(words)}\t{' '.join(reversed(words))}"
         f.write(line + '\n')
         lines.append(line.replace('\t', ' '))
-  with open(os.path.join(root, 'text.txt'), 'w') as f:
-    f.write('\n'.join(lines))
-  spm.SentencePieceTrainer.train(
-      input=os.path.join(root, 'text.txt'),
-      model_prefix=os.path.join(root, 'spm'), vocab_size=32, pad_id=0,
-      eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+  helpers.train_sentencepiece(root, lines, vocab_size=32)
   with open(os.path.join(root, 'e2e_tasks.py'), 'w') as f:
     f.write(TASK_MODULE)
 
