@@ -16,7 +16,7 @@ T5X_STAMP := $(VENV)/.t5x-installed
 T5X_REQUIREMENTS := fiddle==0.3.1 chex jaxtyping cached_property tensorstore \
 	grain==0.2.12 pyglove editdistance
 
-.PHONY: install install-t5x test demo bench clean
+.PHONY: install install-t5x test demo bench fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ demo: install
 
 bench: install
 	$(BIN)/python -m t5x_speed.bench $(BENCH_ARGS)
+
+# The exactness fuzz (README): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
+fuzz: install
+	$(BIN)/python -m t5x_speed.fuzz $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

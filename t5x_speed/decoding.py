@@ -10,10 +10,37 @@ Positions follow T5X: `inputs[:, 0]` is BOS (0), the cache holds positions
 < `initial_index`, and the first step feeds `inputs[:, initial_index]`, the
 last prompt token. An example ends when its *final-stage* prediction is
 `eos_id` (prompt EOS tokens do not count) or when it has produced the token at
-position min(length, initial_index + max_decode_steps).
+position min(length, initial_index + max_decode_steps). `eos_id` and
+`max_decode_steps` may be one integer or one per example ([batch]); an
+`eos_id` outside the vocabulary never ends an example (e.g. -1 disables EOS).
+
+Bad inputs. Arguments are checked once, before the loop, and never per step:
+
+* shapes and dtypes (token ids, `initial_index`, `eos_id` and
+  `max_decode_steps` must be integers), `num_decodes` and `cache_offset`
+  always raise `ValueError`;
+* values raise `ValueError` where they are concrete: `initial_index` outside
+  [0, length), `max_decode_steps` < 1, prompt token ids (positions
+  <= initial_index) outside [0, vocab), vocab being the step's logits width;
+* where they are traced (inside `jit`, as T5X runs its decode fns) they
+  cannot raise. An example with `initial_index` outside [0, length) or a
+  prompt id outside [0, vocab) is then *invalid*: it produces no token, its
+  decodes are its inputs unchanged and its score is NaN (`SpeedStats.invalid`
+  says why, see `INVALID_*`). A traced `max_decode_steps` <= 0 produces zero
+  tokens (score 0).
+
+Every loop is bounded: greedy by length + 1 steps, SPEED by R * (length + 1)
+(a committed token takes at most R steps). No valid example reaches the
+bound; one that did would be reported as `INVALID_STEP_LIMIT`.
+
+Non-finite parameters or caches are not checked here (that would cost a pass
+over the weights per call): they give NaN logits, the argmax of which is
+token 0, so such an example repeats token 0 with a NaN score. Check weights
+once at load with `inference.check_finite`.
 """
 
-from typing import Any, Callable, Dict, Optional, Tuple
+import operator
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
 
 import flax
 import jax
@@ -22,9 +49,15 @@ import jax.numpy as jnp
 import numpy as np
 
 Array = jax.Array
+IntOrArray = Union[int, Array]
 # (tokens [B], carry [B, R-1, E], positions [B, R], cache)
 #   -> (logits [B, R, V], hidden [B, R, E], cache)
 PipelineStepFn = Callable[[Array, Array, Array, Any], Tuple[Array, Array, Any]]
+
+# Bit flags of `SpeedStats.invalid`: why an example produced nothing.
+INVALID_INITIAL_INDEX = 1   # traced initial_index outside [0, length)
+INVALID_TOKEN_ID = 2        # traced prompt token id outside [0, vocab)
+INVALID_STEP_LIMIT = 4      # did not end within the loop's step bound
 
 
 @flax.struct.dataclass
@@ -45,15 +78,62 @@ class DecodingState:
   cache: Any
 
 
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+def _is_concrete(*xs) -> bool:
+  return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
-def _validate(inputs, initial_index, max_decode_steps, num_decodes,
-              cache_offset, cache) -> Tuple[Array, Array]:
-  """Checks the arguments before tracing; returns (initial_index, max_len)."""
-  if inputs.ndim != 2:
-    raise ValueError(f'inputs must be [batch, length], got {inputs.shape}.')
+def _is_integer_dtype(dtype) -> bool:
+  return jnp.issubdtype(dtype, jnp.integer)
+
+
+def _per_example(name: str, value: Any, batch: int,
+                 allow_scalar: bool = True) -> Array:
+  """An integer scalar or [batch] array as an int32 [batch] array.
+
+  Raises:
+    ValueError: `value` is not integer-typed (bools and floats are refused:
+      3.9 would silently become 3) or has another shape.
+  """
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{name} must be an integer, got {value!r}.')
+  if isinstance(value, (int, np.integer)):
+    if not allow_scalar:
+      raise ValueError(f'{name} must be a [batch={batch}] integer array, got '
+                       f'the scalar {value!r}.')
+    return jnp.full((batch,), operator.index(value), jnp.int32)
+  array = value if isinstance(value, jax.Array) else np.asarray(value)
+  if not _is_integer_dtype(array.dtype):
+    raise ValueError(f'{name} must hold integers, got dtype {array.dtype}.')
+  shapes = [(batch,)] + ([()] if allow_scalar else [])
+  if array.shape not in shapes:
+    raise ValueError(f'{name} must have shape ({batch},)'
+                     f'{" or be a scalar" if allow_scalar else ""}, got '
+                     f'{array.shape}.')
+  if _is_concrete(array):
+    big = np.asarray(array).astype(np.int64)
+    if big.size and (big.min() < np.iinfo(np.int32).min or
+                     big.max() > np.iinfo(np.int32).max):
+      raise ValueError(f'{name} {big.tolist()} does not fit in int32.')
+  return jnp.broadcast_to(jnp.asarray(array, jnp.int32), (batch,))
+
+
+class _Checked(NamedTuple):
+  """Validated decode arguments, all [batch]."""
+  initial_index: Array   # clamped into [0, length)
+  max_len: Array         # last position to produce, min(length, ...)
+  eos_id: Array
+  invalid: Array         # INVALID_* flags (traced checks)
+  done: Array            # bool: nothing to produce (invalid or no steps)
+
+
+def _check_structure(inputs, num_decodes, cache_offset, cache):
+  """Checks what never depends on traced values; returns (batch, length)."""
+  if getattr(inputs, 'ndim', None) != 2:
+    raise ValueError('inputs must be a [batch, length] array, got shape '
+                     f'{getattr(inputs, "shape", type(inputs).__name__)}.')
+  if not _is_integer_dtype(inputs.dtype):
+    raise ValueError(f'inputs must hold integer token ids, got dtype '
+                     f'{inputs.dtype}.')
   batch, length = inputs.shape
   if batch == 0 or length == 0:
     raise ValueError(f'inputs is empty (shape {inputs.shape}): nothing to '
@@ -68,38 +148,91 @@ def _validate(inputs, initial_index, max_decode_steps, num_decodes,
   if cache_length is not None and cache_length < length:
     raise ValueError(f'The cache holds {cache_length} positions but inputs '
                      f'has length {length}.')
+  return batch, length
+
+
+def _validate(inputs, initial_index, max_decode_steps, eos_id,
+              vocab_size: Optional[int]) -> _Checked:
+  """Checks the argument values before the loop (see the module docstring)."""
+  batch, length = inputs.shape
   if initial_index is None:
     initial_index = jnp.zeros((batch,), jnp.int32)
-  initial_index = jnp.asarray(initial_index, jnp.int32)
-  if initial_index.shape != (batch,):
-    raise ValueError(f'initial_index must have shape ({batch},), got '
-                     f'{initial_index.shape}.')
+  initial_index = _per_example('initial_index', initial_index, batch,
+                               allow_scalar=False)
+  invalid = jnp.zeros((batch,), jnp.int32)
   if _is_concrete(initial_index):
-    bad = np.asarray(initial_index)
-    if bad.min() < 0 or bad.max() >= length:
+    index = np.asarray(initial_index)
+    if index.min() < 0 or index.max() >= length:
       raise ValueError(
-          f'initial_index {bad.tolist()} must lie in [0, {length}): the '
-          f'prefix is longer than the cache of {length} positions.')
+          f'initial_index {index.tolist()} must lie in [0, {length}): it is '
+          'the position of the last prompt token (the prompt length), in '
+          f'inputs of length {length}.')
+  else:
+    outside = (initial_index < 0) | (initial_index >= length)
+    invalid = invalid | jnp.where(outside, INVALID_INITIAL_INDEX, 0)
+    initial_index = jnp.clip(initial_index, 0, length - 1)
+
   if max_decode_steps is None:
     max_len = jnp.full((batch,), length, jnp.int32)
   else:
-    if _is_concrete(max_decode_steps) and np.min(max_decode_steps) < 1:
-      raise ValueError(f'max_decode_steps must be >= 1, got '
-                       f'{max_decode_steps}.')
-    max_len = jnp.minimum(length, initial_index + max_decode_steps)
-  if _is_concrete(inputs):
-    if np.asarray(inputs).min() < 0:
-      raise ValueError('inputs holds negative token ids.')
-  return initial_index, max_len.astype(jnp.int32)
+    steps = _per_example('max_decode_steps', max_decode_steps, batch)
+    if _is_concrete(steps):
+      if np.asarray(steps).min() < 1:
+        raise ValueError(f'max_decode_steps must be >= 1 (an integer or one '
+                         f'per example), got {np.asarray(max_decode_steps)}.')
+    # Traced steps <= 0 produce nothing: max_len <= initial_index.
+    max_len = jnp.minimum(length, initial_index + jnp.maximum(steps, 0))
+
+  eos_id = _per_example('eos_id', eos_id, batch)
+
+  # Prompt token ids: BOS and the prompt, positions <= initial_index.
+  in_prompt = jnp.arange(length)[None, :] <= initial_index[:, None]
+  ids = jnp.where(in_prompt, inputs, 0)
+  high = np.iinfo(np.int32).max if vocab_size is None else vocab_size
+  outside = in_prompt & ((ids < 0) | (ids >= high))
+  if _is_concrete(inputs, initial_index):
+    rows, cols = np.nonzero(np.asarray(outside))
+    if rows.size:
+      value = int(np.asarray(inputs)[rows[0], cols[0]])
+      raise ValueError(
+          f'inputs holds token id {value} at [{rows[0]}, {cols[0]}] (and '
+          f'{rows.size - 1} more), outside the vocabulary [0, {high}).')
+  else:
+    invalid = invalid | jnp.where(jnp.any(outside, -1), INVALID_TOKEN_ID, 0)
+  done = (invalid != 0) | (max_len <= initial_index)
+  return _Checked(initial_index, max_len.astype(jnp.int32), eos_id, invalid,
+                  done)
 
 
-def check_token_range(inputs: Array, vocab_size: int):
-  """Raises ValueError if concrete `inputs` hold ids outside the vocabulary."""
-  if _is_concrete(inputs) and inputs.size:
-    high = int(np.asarray(inputs).max())
-    if high >= vocab_size:
-      raise ValueError(f'inputs holds token id {high}, outside the vocabulary '
-                       f'of {vocab_size}.')
+def check_token_range(inputs: Array, vocab_size: int,
+                      lengths: Optional[Array] = None):
+  """Raises ValueError if concrete `inputs` hold ids outside [0, vocab_size).
+
+  Args:
+    inputs: [batch, length] token ids; traced arrays are not checked.
+    vocab_size: the vocabulary size.
+    lengths: optional [batch]: only `inputs[b, :lengths[b]]` is checked (the
+      padding after a prompt is not).
+  """
+  if not _is_concrete(inputs, lengths) or not np.size(inputs):
+    return
+  values = np.asarray(inputs)
+  if not np.issubdtype(values.dtype, np.integer):
+    raise ValueError(f'token ids must be integers, got dtype {values.dtype}.')
+  mask = np.ones(values.shape, bool)
+  if lengths is not None:
+    mask = np.arange(values.shape[-1])[None, :] < np.asarray(lengths)[:, None]
+  rows, cols = np.nonzero(mask & ((values < 0) | (values >= vocab_size)))
+  if rows.size:
+    raise ValueError(
+        f'inputs holds token id {int(values[rows[0], cols[0]])} at '
+        f'[{rows[0]}, {cols[0]}] (and {rows.size - 1} more), outside the '
+        f'vocabulary [0, {vocab_size}).')
+
+
+def _shape_of(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x),
+                                                     jnp.result_type(x)), tree)
 
 
 def _first_tokens(inputs: Array, initial_index: Array) -> Tuple[Array, Array]:
@@ -138,6 +271,7 @@ class GreedyState:
     ended: [batch] bool.
     log_prob: [batch] summed log-probabilities of the produced tokens.
     cache: the model's cache.
+    step: [] loop steps taken (the loop stops at length + 1).
   """
 
   cur_index: Array
@@ -146,15 +280,16 @@ class GreedyState:
   ended: Array
   log_prob: Array
   cache: Any
+  step: Array
 
 
 def greedy_decode(inputs: Array,
                   cache: Any,
                   tokens_to_logits: Callable[[DecodingState], Tuple[Array, Any]],
-                  eos_id: int,
+                  eos_id: IntOrArray,
                   num_decodes: int = 1,
                   initial_index: Optional[Array] = None,
-                  max_decode_steps: Optional[int] = None,
+                  max_decode_steps: Optional[IntOrArray] = None,
                   cache_offset: int = 0,
                   decode_rng: Optional[Array] = None,
                   **unused_decoder_params) -> Tuple[Array, Array]:
@@ -164,25 +299,39 @@ def greedy_decode(inputs: Array,
     inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
     cache: cache prefilled for positions < initial_index.
     tokens_to_logits: `DecodingState` -> (logits [batch, vocab], new cache).
-    eos_id: end-of-sequence id.
+    eos_id: end-of-sequence id, an integer or [batch] integers.
     num_decodes: must be 1.
-    initial_index: [batch] prompt lengths; defaults to 0 (decode from BOS).
-    max_decode_steps: optional limit on produced tokens per example.
+    initial_index: [batch] prompt lengths, in [0, length); defaults to 0
+      (decode from BOS).
+    max_decode_steps: optional limit on produced tokens per example (>= 1),
+      an integer or [batch] integers.
     cache_offset: must be 0.
     decode_rng: ignored (greedy is deterministic); accepted for T5X.
     **unused_decoder_params: other T5X decoder params, ignored.
 
   Returns:
-    (decodes [batch, 1, length], scores [batch, 1]).
+    (decodes [batch, 1, length], scores [batch, 1]); the score of an invalid
+    example (see the module docstring) is NaN.
+
+  Raises:
+    ValueError: for bad arguments, see the module docstring.
   """
   del decode_rng, unused_decoder_params
-  initial_index, max_len = _validate(inputs, initial_index, max_decode_steps,
-                                     num_decodes, cache_offset, cache)
+  batch, length = _check_structure(inputs, num_decodes, cache_offset, cache)
+  logits_shape = jax.eval_shape(tokens_to_logits, DecodingState(
+      cur_index=jax.ShapeDtypeStruct((batch,), jnp.int32),
+      sequences=jax.ShapeDtypeStruct((batch, length), jnp.int32),
+      cur_token=jax.ShapeDtypeStruct((batch, 1), jnp.int32),
+      cache=_shape_of(cache)))[0]
+  checked = _validate(inputs, initial_index, max_decode_steps, eos_id,
+                      vocab_size=logits_shape.shape[-1])
+  initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = _first_tokens(inputs, initial_index)
-  length = inputs.shape[1]
 
   def greedy_cond_fn(state: GreedyState) -> Array:
-    return ~jnp.all(state.ended)
+    # Each step advances every live example by one position: length + 1
+    # steps bound any input.
+    return ~jnp.all(state.ended) & (state.step <= length)
 
   def greedy_body_fn(state: GreedyState) -> GreedyState:
     live = ~state.ended
@@ -193,7 +342,8 @@ def greedy_decode(inputs: Array,
         cache=state.cache))
     token = jnp.argmax(logits, -1).astype(jnp.int32)
     position = state.cur_index + 1
-    ended = state.ended | (live & ((token == eos_id) | (position >= max_len)))
+    ended = state.ended | (live & ((token == checked.eos_id) |
+                                   (position >= max_len)))
     return GreedyState(
         cur_index=jnp.where(live, position, state.cur_index),
         cur_token=token,
@@ -201,13 +351,17 @@ def greedy_decode(inputs: Array,
         ended=ended,
         log_prob=state.log_prob + jnp.where(
             live, _token_log_prob(logits, token), 0.0),
-        cache=cache)
+        cache=cache,
+        step=state.step + 1)
 
   final = lax.while_loop(greedy_cond_fn, greedy_body_fn, GreedyState(
       cur_index=initial_index, cur_token=token0, sequences=sequences,
-      ended=jnp.zeros_like(initial_index, bool),
-      log_prob=jnp.zeros(initial_index.shape, jnp.float32), cache=cache))
-  return final.sequences[:, None, 1:], final.log_prob[:, None]
+      ended=checked.done,
+      log_prob=jnp.zeros((batch,), jnp.float32), cache=cache,
+      step=jnp.zeros((), jnp.int32)))
+  invalid = (checked.invalid != 0) | ~final.ended
+  scores = jnp.where(invalid, jnp.nan, final.log_prob)
+  return final.sequences[:, None, 1:], scores[:, None]
 
 
 # ----------------------------------------------------------------------------
@@ -227,6 +381,9 @@ class SpeedStats:
     stage_evaluations: [batch, R] tokens run at each stage, flushed included.
     stage_flips: [batch, R] of those, predictions that differ from the same
       token's prediction at the previous stage (always 0 at stage 0).
+    invalid: [batch] 0 for a decoded example, else the `INVALID_*` flags
+      saying why it produced nothing (traced bad inputs; see the module
+      docstring).
   """
 
   num_steps: Array
@@ -235,12 +392,13 @@ class SpeedStats:
   flushes: Array
   stage_evaluations: Array
   stage_flips: Array
+  invalid: Array
 
   @classmethod
   def zeros(cls, batch: int, stages: int) -> 'SpeedStats':
     z = lambda *s: jnp.zeros(s, jnp.int32)
     return cls(z(batch), z(batch), z(batch), z(batch, stages),
-               z(batch, stages), z(batch, stages))
+               z(batch, stages), z(batch, stages), z(batch))
 
   def summary(self) -> Dict[str, float]:
     """Batch totals and rates as Python numbers (host side)."""
@@ -252,6 +410,7 @@ class SpeedStats:
         'steps_per_token': float(s.num_steps / max(s.num_tokens, 1)),
         'occupancy': float(s.occupied_slots / max(s.num_steps * stages, 1)),
         'flushes': float(s.flushes.sum()),
+        'invalid_examples': float(np.count_nonzero(np.asarray(self.invalid))),
     }
     for r in range(stages):
       out[f'flushes/stage_{r + 1}'] = float(s.flushes[r])
@@ -296,6 +455,7 @@ class SpeedState:
     cache: the model's cache.
     stats: `SpeedStats`.
     schedule: `SpeedSchedule`, or None when not recorded.
+    step: [] loop steps taken (the loop stops at R * (length + 1)).
   """
 
   stage_positions: Array
@@ -308,15 +468,16 @@ class SpeedState:
   cache: Any
   stats: SpeedStats
   schedule: Optional[SpeedSchedule]
+  step: Array
 
 
 def speed_decode(inputs: Array,
                  cache: Any,
                  tokens_to_logits: Optional[Callable[..., Any]] = None,
-                 eos_id: int = 1,
+                 eos_id: IntOrArray = 1,
                  num_decodes: int = 1,
                  initial_index: Optional[Array] = None,
-                 max_decode_steps: Optional[int] = None,
+                 max_decode_steps: Optional[IntOrArray] = None,
                  cache_offset: int = 0,
                  decode_rng: Optional[Array] = None,
                  *,
@@ -365,16 +526,18 @@ def speed_decode(inputs: Array,
     inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
     cache: cache prefilled for positions < initial_index.
     tokens_to_logits: unused; accepted so T5X can pass it.
-    eos_id: end-of-sequence id.
+    eos_id: end-of-sequence id, an integer or [batch] integers.
     num_decodes: must be 1.
-    initial_index: [batch] prompt lengths; defaults to 0.
-    max_decode_steps: optional limit on produced tokens per example.
+    initial_index: [batch] prompt lengths, in [0, length); defaults to 0.
+    max_decode_steps: optional limit on produced tokens per example (>= 1),
+      an integer or [batch] integers.
     cache_offset: must be 0.
     decode_rng: ignored; accepted for T5X.
     pipeline_step_fn: (tokens [B], carry [B, R-1, E], positions [B, R], cache)
       -> (logits [B, R, V], hidden [B, R, E], cache). Stage r-1's logits
       only steer speculation; the last stage's must be the model's.
-    initial_carry: [B, R-1, E] initial hidden states (zeros), which fix R.
+    initial_carry: [B, R-1, E] initial hidden states (zeros), which fix R;
+      cast to the dtype of the step's hidden states.
     return_stats: also return `SpeedStats`.
     record_schedule: also return the `SpeedSchedule` (memory grows with
       R * length steps).
@@ -382,7 +545,13 @@ def speed_decode(inputs: Array,
 
   Returns:
     (decodes [batch, 1, length], scores [batch, 1]), followed by `SpeedStats`
-    if `return_stats` and by `SpeedSchedule` if `record_schedule`.
+    if `return_stats` and by `SpeedSchedule` if `record_schedule`. The score
+    of an invalid example (see the module docstring) is NaN.
+
+  Raises:
+    ValueError: for bad arguments, see the module docstring; also when
+      `initial_carry` does not match the R stages and width of
+      `pipeline_step_fn`.
   """
   del tokens_to_logits, decode_rng, unused_decoder_params
   if pipeline_step_fn is None or initial_carry is None:
@@ -390,20 +559,45 @@ def speed_decode(inputs: Array,
         'speed_decode needs pipeline_step_fn and initial_carry: the model '
         'must have shared exits (e.g. t5x_speed.models.SpeedDecoderOnlyModel). '
         'Use greedy_decode or temperature_sample for other models.')
-  initial_index, max_len = _validate(inputs, initial_index, max_decode_steps,
-                                     num_decodes, cache_offset, cache)
-  batch, length = inputs.shape
-  if initial_carry.ndim != 3 or initial_carry.shape[0] != batch:
-    raise ValueError(f'initial_carry must be [batch={batch}, R-1, width], got '
-                     f'{initial_carry.shape}.')
-  stages = initial_carry.shape[1] + 1
+  batch, length = _check_structure(inputs, num_decodes, cache_offset, cache)
+  carry_shape = getattr(initial_carry, 'shape', ())
+  if len(carry_shape) != 3 or carry_shape[0] != batch:
+    raise ValueError(f'initial_carry must be [batch={batch}, R-1, width] for '
+                     f'a model of R stages, got shape {carry_shape}.')
+  stages = carry_shape[1] + 1
+  try:
+    logits_shape, hidden_shape, _ = jax.eval_shape(
+        pipeline_step_fn, jax.ShapeDtypeStruct((batch,), jnp.int32),
+        _shape_of(initial_carry),
+        jax.ShapeDtypeStruct((batch, stages), jnp.int32), _shape_of(cache))
+  except (TypeError, ValueError, IndexError) as e:
+    raise ValueError(
+        f'pipeline_step_fn fails on initial_carry of shape {carry_shape} '
+        f'(R = {stages} stages, width {carry_shape[2]}): initial_carry must '
+        'be [batch, R-1, width] of the model (e.g. '
+        '`inference.initial_carry(config, batch)`).') from e
+  if logits_shape.shape[:2] != (batch, stages) or hidden_shape.shape != (
+      batch, stages, carry_shape[2]):
+    raise ValueError(
+        f'initial_carry has shape {carry_shape}, i.e. R = {stages} stages of '
+        f'width {carry_shape[2]}, but pipeline_step_fn returns logits '
+        f'{logits_shape.shape} and hidden states {hidden_shape.shape} '
+        '([batch, R, vocab], [batch, R, width]): initial_carry must be '
+        f'[batch, R-1={hidden_shape.shape[1] - 1}, '
+        f'width={hidden_shape.shape[-1]}].')
+  initial_carry = jnp.asarray(initial_carry, hidden_shape.dtype)
+  checked = _validate(inputs, initial_index, max_decode_steps, eos_id,
+                      vocab_size=logits_shape.shape[-1])
+  initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = _first_tokens(inputs, initial_index)
   rows = jnp.arange(batch)
   stage_ids = jnp.arange(stages)
-  max_steps = stages * (length + 1)  # Commits are at most R steps apart.
+  # A committed token takes at most R steps (a flush restarts its successor
+  # with the final prediction), and at most `length` tokens are committed.
+  max_steps = stages * (length + 1)
 
   def speed_cond_fn(state: SpeedState) -> Array:
-    return ~jnp.all(state.ended)
+    return ~jnp.all(state.ended) & (state.step < max_steps)
 
   def speed_body_fn(state: SpeedState) -> SpeedState:
     pos, tok = state.stage_positions, state.stage_tokens
@@ -415,7 +609,7 @@ def speed_decode(inputs: Array,
     # The token leaving the last stage commits its final-stage prediction.
     commits = valid[:, -1]
     committed, commit_at = preds[:, -1], pos[:, -1] + 1
-    ended = state.ended | (commits & ((committed == eos_id) |
+    ended = state.ended | (commits & ((committed == checked.eos_id) |
                                       (commit_at >= max_len)))
 
     # Successors are found by position: flushes leave gaps between stages.
@@ -444,7 +638,8 @@ def speed_decode(inputs: Array,
         flushes=stats.flushes + flushed_by,
         stage_evaluations=stats.stage_evaluations + valid,
         stage_flips=stats.stage_flips + (
-            valid & (stage_ids > 0) & (preds != state.stage_last_preds)))
+            valid & (stage_ids > 0) & (preds != state.stage_last_preds)),
+        invalid=stats.invalid)
     schedule = state.schedule
     if schedule is not None:
       step = jnp.minimum(schedule.num_steps, max_steps - 1)
@@ -467,7 +662,8 @@ def speed_decode(inputs: Array,
             commits, _token_log_prob(logits[:, -1], committed), 0.0),
         cache=cache,
         stats=stats,
-        schedule=schedule)
+        schedule=schedule,
+        step=state.step + 1)
 
   schedule = None
   if record_schedule:
@@ -475,20 +671,24 @@ def speed_decode(inputs: Array,
     schedule = SpeedSchedule(buf(jnp.int32), buf(jnp.int32), buf(jnp.int32),
                              buf(bool), jnp.zeros((), jnp.int32))
   empty = jnp.full((batch, stages - 1), -1, jnp.int32)
+  first = jnp.where(checked.done, -1, initial_index)   # done: empty pipeline
   final = lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
-      stage_positions=jnp.concatenate([initial_index[:, None], empty], 1),
+      stage_positions=jnp.concatenate([first[:, None], empty], 1),
       stage_tokens=jnp.concatenate([token0[:, None], 0 * empty], 1),
       stage_last_preds=jnp.zeros((batch, stages), jnp.int32),
       carry=initial_carry,
       sequences=sequences,
-      ended=jnp.zeros((batch,), bool),
+      ended=checked.done,
       log_prob=jnp.zeros((batch,), jnp.float32),
       cache=cache,
       stats=SpeedStats.zeros(batch, stages),
-      schedule=schedule))
-  outputs = (final.sequences[:, None, 1:], final.log_prob[:, None])
+      schedule=schedule,
+      step=jnp.zeros((), jnp.int32)))
+  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
+  scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
+  outputs = (final.sequences[:, None, 1:], scores[:, None])
   if return_stats:
-    outputs += (final.stats,)
+    outputs += (final.stats.replace(invalid=invalid),)
   if record_schedule:
     outputs += (final.schedule,)
   return outputs

@@ -22,11 +22,13 @@ Example:
 """
 
 import functools
+import operator
 from typing import Any, Optional, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_speed import decoding
 from t5x_speed import network
@@ -35,12 +37,51 @@ Array = jax.Array
 METHODS = ('speed', 'greedy')
 
 
+def _integer(name: str, value: Any, low: int) -> int:
+  """`value` as a Python int >= `low`; bools, floats and arrays are refused."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (int, np.integer)):
+    raise ValueError(f'{name} must be an integer >= {low}, got {value!r}.')
+  value = operator.index(value)
+  if value < low:
+    raise ValueError(f'{name} must be an integer >= {low}, got {value}.')
+  return value
+
+
+def check_speculative_vocab_size(value: Optional[int]) -> Optional[int]:
+  """None, or an integer >= 1 (>= the vocabulary size scores all of it).
+
+  Raises:
+    ValueError: otherwise (0 would leave the speculative exits nothing).
+  """
+  return None if value is None else _integer('speculative_vocab_size', value,
+                                             1)
+
+
+def check_finite(params: Any, name: str = 'params'):
+  """Raises ValueError naming the leaves of `params` that hold NaN or inf.
+
+  Decoding does not check (it would cost a pass over the weights per call):
+  non-finite weights give NaN logits, whose argmax is token 0, so the output
+  is token 0 repeated with NaN scores. Call this once after loading.
+  """
+  bad = [jax.tree_util.keystr(path) for path, x in
+         jax.tree_util.tree_flatten_with_path(params)[0]
+         if jnp.issubdtype(jnp.result_type(x), jnp.inexact) and
+         not bool(jnp.all(jnp.isfinite(x)))]
+  if bad:
+    raise ValueError(f'{name} hold non-finite values (NaN or inf) in '
+                     f'{len(bad)} leaves: {", ".join(bad[:5])}'
+                     f'{" ..." if len(bad) > 5 else ""}.')
+
+
 def step_fns(module: network.SpeedTransformer, params: Any,
              speculative_vocab_size: Optional[int] = None):
   """(tokens_to_logits, pipeline_step_fn) of `module` with `params`.
 
-  `speculative_vocab_size`: see `network.Decoder.speed_step`.
+  `speculative_vocab_size`: see `network.Decoder.speed_step`; None or >= 1.
   """
+  speculative_vocab_size = check_speculative_vocab_size(speculative_vocab_size)
 
   def tokens_to_logits(state: decoding.DecodingState) -> Tuple[Array, Any]:
     return module.apply({'params': params}, state.cur_token[:, 0],
@@ -159,42 +200,71 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
              method: str = 'speed', eos_id: int = 1,
              bidirectional: bool = False,
              record_schedule: bool = False,
-             speculative_vocab_size: Optional[int] = None) -> Generation:
+             speculative_vocab_size: Optional[int] = None,
+             check_params: bool = False) -> Generation:
   """Greedy or SPEED generation from right-padded prompts (jitted).
+
+  Every argument is checked on the host before tracing (so this takes
+  concrete arrays, not tracers).
 
   Args:
     module: the network.
     params: its parameters.
-    prompts: [batch, P] token ids, zeros after each prompt.
-    prompt_lengths: [batch] prompt lengths (0 decodes from BOS alone).
-    max_decode_steps: tokens to produce at most per example.
+    prompts: [batch, P] integer token ids in [0, vocab), zeros after each
+      prompt (the padding is not checked).
+    prompt_lengths: [batch] integer prompt lengths in [0, P] (0 decodes from
+      BOS alone).
+    max_decode_steps: tokens to produce at most per example, an integer >= 1.
     method: 'speed' or 'greedy'.
-    eos_id: end-of-sequence id.
+    eos_id: end-of-sequence id, an integer; one outside [0, vocab) never ends
+      an example (e.g. -1 disables EOS).
     bidirectional: prefix-LM attention over BOS + prompt during prefill.
     record_schedule: keep SPEED's per-step schedule.
-    speculative_vocab_size: SPEED's speculative exits score only this many
-      first token ids (see `network.Decoder.speed_step`).
+    speculative_vocab_size: None, or an integer >= 1: SPEED's speculative
+      exits score only this many first token ids (see
+      `network.Decoder.speed_step`).
+    check_params: first check that `params` are finite (`check_finite`), a
+      pass over the weights; non-finite weights otherwise give token 0
+      repeated with NaN scores.
 
   Returns:
     A `Generation`.
+
+  Raises:
+    ValueError: an argument outside the range above, naming it.
   """
   if method not in METHODS:
     raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
-  prompts = jnp.asarray(prompts)
-  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  if any(isinstance(x, jax.core.Tracer) for x in (prompts, prompt_lengths)):
+    raise ValueError(
+        'generate checks prompts and prompt_lengths on the host and jits '
+        'itself: call it with concrete arrays, outside jax.jit (inside jit, '
+        'use decoding.speed_decode / greedy_decode, which flag bad traced '
+        'inputs as invalid examples).')
+  prompts, prompt_lengths = np.asarray(prompts), np.asarray(prompt_lengths)
+  for name, x in (('prompts', prompts), ('prompt_lengths', prompt_lengths)):
+    if not np.issubdtype(x.dtype, np.integer):
+      raise ValueError(f'{name} must hold integers, got dtype {x.dtype}.')
   if prompts.ndim != 2 or prompt_lengths.shape != prompts.shape[:1]:
     raise ValueError(f'prompts must be [batch, P] and prompt_lengths [batch], '
                      f'got {prompts.shape} and {prompt_lengths.shape}.')
-  if int(prompt_lengths.min(initial=0)) < 0 or int(
-      prompt_lengths.max(initial=0)) > prompts.shape[1]:
+  if prompts.shape[0] == 0:
+    raise ValueError('prompts is empty (batch 0): nothing to decode.')
+  if prompt_lengths.min() < 0 or prompt_lengths.max() > prompts.shape[1]:
     raise ValueError(f'prompt_lengths {prompt_lengths.tolist()} must lie in '
-                     f'[0, {prompts.shape[1]}].')
-  if not isinstance(max_decode_steps, int) or max_decode_steps < 1:
-    raise ValueError(f'max_decode_steps must be an integer >= 1, got '
-                     f'{max_decode_steps!r}.')
-  decoding.check_token_range(prompts, module.config.vocab_size)
-  return _generate(module, params, prompts, prompt_lengths,
+                     f'[0, {prompts.shape[1]}] (P = prompts.shape[1]).')
+  max_decode_steps = _integer('max_decode_steps', max_decode_steps, 1)
+  if isinstance(eos_id, (bool, np.bool_)) or not isinstance(
+      eos_id, (int, np.integer)):
+    raise ValueError(f'eos_id must be an integer, got {eos_id!r}.')
+  speculative_vocab_size = check_speculative_vocab_size(speculative_vocab_size)
+  decoding.check_token_range(prompts, module.config.vocab_size,
+                             prompt_lengths)
+  if check_params:
+    check_finite(params)
+  return _generate(module, params, jnp.asarray(prompts, jnp.int32),
+                   jnp.asarray(prompt_lengths, jnp.int32),
                    max_decode_steps=max_decode_steps, method=method,
-                   eos_id=eos_id, bidirectional=bidirectional,
+                   eos_id=operator.index(eos_id), bidirectional=bidirectional,
                    record_schedule=record_schedule,
                    speculative_vocab_size=speculative_vocab_size)

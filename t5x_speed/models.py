@@ -53,7 +53,8 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
       instead of the final exit's [batch].
     speculative_vocab_size: SPEED's speculative exits score only this many
       first token ids; committed tokens are unaffected (see
-      `network.Decoder.speed_step`). None scores the whole vocabulary.
+      `network.Decoder.speed_step`). None scores the whole vocabulary;
+      otherwise an integer >= 1.
   """
 
   def __init__(self,
@@ -77,7 +78,8 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     losses.exit_weights(exit_weighting, module.config.num_repeats)
     self._exit_weighting = exit_weighting
     self._score_all_exits = score_all_exits
-    self._speculative_vocab_size = speculative_vocab_size
+    self._speculative_vocab_size = inference.check_speculative_vocab_size(
+        speculative_vocab_size)
     super().__init__(
         module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
         decode_fn=decode_fn,
@@ -202,12 +204,18 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     decode fn taking `pipeline_step_fn` (SPEED) also gets the pipelined step,
     the initial pipeline carry, and returns `SpeedStats`, reported per
     example as aux['speed/<field>'].
+
+    Token ids outside [0, vocab) raise `ValueError` when the batch is
+    concrete. Under `jit` (as T5X's binaries run this) our decode fns end
+    such examples with no tokens and a NaN score, and SPEED flags them in
+    aux['speed/invalid'] (see `decoding`); T5X's own sampler does not check.
     """
     if 'decoder_causal_attention' not in batch:
       raise ValueError(
           'Batch does not have the right format for text generation: '
           '`task_feature_lengths` must have both `inputs` and `targets`.')
     inputs = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
+    decoding.check_token_range(inputs, self.config.vocab_size)
     cache, initial_index = self._compute_kv_cache(
         params, inputs, batch['decoder_causal_attention'])
     decoder_params = dict(decoder_params or {})

@@ -1,0 +1,377 @@
+r"""Exactness fuzz: SPEED == greedy == an uncached forward pass, on random models.
+
+  python -m t5x_speed.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
+
+Cases come in groups that share one architecture and one set of shapes, so
+that each group compiles its functions once (compilation, not decoding,
+dominates on a CPU). A group draws G in 1..4, R in 1..8, a sharing order,
+vocabulary 17..1000, width 32..256, batch 1..16 and a buffer of 2..32
+positions; each of its cases draws fresh weights, prompts and limits:
+
+* weights: one of four variants, scaling the residual branches (attention
+  and MLP outputs) by 4 (`disagree`: every layer moves the prediction, the
+  exits disagree and SPEED flushes often), 1 (`plain`), 0.05 (`agree`: the
+  exits agree for long runs) or 0 (`identical`: the exits agree everywhere);
+* prompts: ragged, lengths in [0, length - 1], with length 0 (decode from
+  BOS) and the full buffer (one token left) drawn often; bidirectional
+  prefix attention per row;
+* `max_decode_steps` and `eos_id` per row: steps in 1..length (often past the
+  buffer end); EOS is, per row, a token greedy produces without EOS (so the
+  row ends there), a random id, or -1 (never ends).
+
+Per case it runs greedy without EOS (the reference), greedy and SPEED with the
+rows' EOS, and the model's uncached full forward pass over the reference, and
+checks:
+
+1. greedy with EOS is the reference cut after the row's first EOS;
+2. SPEED's tokens equal greedy's; in float32 also its scores (relative 1e-4),
+   and its statistics (`num_tokens`, no example flagged invalid);
+3. at every reference token, the uncached forward's argmax is that token.
+
+A token mismatch is a *near-tie* when the reference's top-2 logit margin at
+the first differing position (from the uncached forward) is below the
+tolerance (`NEAR_TIE[dtype]` times max(1, |top logit|)): different but valid
+float rounding (SPEED runs R rows per matmul where greedy runs one). Any
+other mismatch, or a statistics or score mismatch, is a *real bug*. The run
+prints the counts and exits 1 on a real bug.
+"""
+
+import argparse
+import dataclasses
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import network
+
+# Near-tie tolerance on greedy's top-2 margin, relative to max(1, |top|).
+NEAR_TIE = {'float32': 1e-4, 'bfloat16': 5e-2}
+SCORE_RTOL = 1e-4          # float32 only
+VARIANTS = (('disagree', 4.0, 0.35), ('plain', 1.0, 0.3),
+            ('agree', 0.05, 0.25), ('identical', 0.0, 0.1))
+RESIDUAL_OUTPUTS = ('out', 'wo')
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """One architecture and set of shapes: compiled once."""
+  g: int
+  r: int
+  sharing: str
+  vocab: int
+  width: int
+  heads: int
+  mlp: int
+  batch: int
+  length: int
+  dtype: str
+
+  def config(self) -> network.TransformerConfig:
+    return network.TransformerConfig(
+        vocab_size=self.vocab, emb_dim=self.width, num_heads=self.heads,
+        head_dim=self.width // self.heads, mlp_dim=self.mlp,
+        num_unique_layers=self.g, num_repeats=self.r, sharing=self.sharing,
+        dtype=self.dtype, relpos_num_buckets=8, relpos_max_distance=32)
+
+
+@dataclasses.dataclass
+class Report:
+  """Counts of a fuzz run."""
+  dtype: str
+  tolerance: float
+  cases: int = 0
+  groups: int = 0
+  rows: int = 0
+  tokens_compared: int = 0       # SPEED vs greedy, tokens
+  forward_tokens: int = 0        # greedy reference vs uncached forward
+  exact_rows: int = 0
+  near_ties: int = 0
+  real_bugs: int = 0
+  flushes: int = 0
+  seconds: float = 0.0
+  bugs: List[str] = dataclasses.field(default_factory=list)
+  ties: List[str] = dataclasses.field(default_factory=list)
+
+  def summary(self) -> str:
+    rate = self.near_ties / max(self.rows, 1)
+    return '\n'.join([
+        f'fuzz: {self.cases} cases in {self.groups} groups, {self.rows} rows, '
+        f'{self.dtype}, {self.seconds:.0f} s',
+        f'  tokens compared SPEED vs greedy: {self.tokens_compared}; greedy '
+        f'vs uncached forward: {self.forward_tokens}; SPEED flushes: '
+        f'{self.flushes}',
+        f'  rows exact: {self.exact_rows}/{self.rows}',
+        f'  near-tie mismatches (top-2 margin < {self.tolerance:g} x '
+        f'max(1, |top logit|)): {self.near_ties} ({rate:.3%} of rows)',
+        f'  real-bug mismatches: {self.real_bugs}'])
+
+
+def draw_group(rng: np.random.RandomState, dtype: str) -> Group:
+  width = 8 * rng.randint(4, 33)                       # 32..256
+  heads = int(rng.choice([h for h in (1, 2, 4, 8) if width // h >= 8]))
+  return Group(
+      g=rng.randint(1, 5), r=rng.randint(1, 9),
+      sharing=str(rng.choice(['cycle', 'cycle', 'sequence', 'cycle_rev'])),
+      vocab=int(np.exp(rng.uniform(np.log(17), np.log(1001)))),
+      width=width, heads=heads, mlp=8 * rng.randint(width // 8, width // 4 + 1),
+      batch=rng.randint(1, 17), length=rng.randint(2, 33), dtype=dtype)
+
+
+class _Compiled:
+  """The jitted functions of one group."""
+
+  def __init__(self, group: Group):
+    self.group = group
+    module = network.SpeedTransformer(group.config())
+    tokens = jnp.ones((1, 2), jnp.int32)
+    shapes = jax.eval_shape(lambda: module.init(
+        jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
+    length = group.length
+
+    def draw(key, gain):
+      leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
+      keys = jax.random.split(key, len(leaves))
+      out = []
+      for (path, leaf), k in zip(leaves, keys):
+        names = [getattr(p, 'key', None) for p in path]
+        x = jax.random.normal(k, leaf.shape, leaf.dtype)
+        if 'scale' in names:
+          x = 1.0 + 0.1 * x
+        elif 'kernel' in names:
+          x = x / np.sqrt(leaf.shape[0])
+          if any(n in RESIDUAL_OUTPUTS for n in names):
+            x = x * gain
+        out.append(x)
+      return jax.tree_util.tree_unflatten(tree, out)
+
+    def causal(lengths, bidir):
+      return ((jnp.arange(length) <= lengths[:, None]) &
+              bidir[:, None]).astype(jnp.int32)
+
+    def prefill(params, inputs, lengths, bidir):
+      return module.apply({'params': params}, inputs, lengths,
+                          causal(lengths, bidir), method='prefill')[1]
+
+    def greedy(params, inputs, lengths, bidir, steps, eos):
+      def to_logits(state):
+        return module.apply({'params': params}, state.cur_token[:, 0],
+                            state.cur_index, state.cache, method='decode_step')
+      return decoding.greedy_decode(
+          inputs, prefill(params, inputs, lengths, bidir), to_logits, eos,
+          initial_index=lengths, max_decode_steps=steps)
+
+    def speed(params, inputs, lengths, bidir, steps, eos):
+      def step(tokens, carry, positions, cache):
+        return module.apply({'params': params}, tokens, carry, positions,
+                            cache, method='speed_step')
+      carry = jnp.zeros((group.batch, group.r - 1, group.width),
+                        group.config().dtype)
+      return decoding.speed_decode(
+          inputs, prefill(params, inputs, lengths, bidir), eos_id=eos,
+          initial_index=lengths, max_decode_steps=steps,
+          pipeline_step_fn=step, initial_carry=carry, return_stats=True)
+
+    def forward(params, sequence, lengths, bidir):
+      logits = module.apply({'params': params}, sequence,
+                            jnp.ones_like(sequence),
+                            decoder_causal_attention=causal(lengths, bidir),
+                            enable_dropout=False, all_exits=False)
+      return (jnp.argmax(logits, -1).astype(jnp.int32),
+              jax.lax.top_k(logits, 2)[0])
+
+    # Every function maps over a leading case axis: one call decodes all the
+    # group's cases, so the loops' per-step overhead is paid once.
+    self.draw = jax.jit(jax.vmap(draw))
+    self.greedy = jax.jit(jax.vmap(greedy))
+    self.speed = jax.jit(jax.vmap(speed))
+    self.forward = jax.jit(jax.vmap(forward))
+
+
+def _cut(tokens: np.ndarray, limit: int, eos: int) -> np.ndarray:
+  """The first `limit` tokens, ending after the first `eos`."""
+  tokens = tokens[:limit]
+  hits = np.flatnonzero(tokens == eos)
+  return tokens[:hits[0] + 1] if hits.size else tokens
+
+
+def run_cases(compiled: _Compiled, rng: np.random.RandomState,
+              report: Report, count: int, first: str):
+  """Draws and checks `count` cases of one group, adding to `report`."""
+  group = compiled.group
+  batch, length, vocab = group.batch, group.length, group.vocab
+  names, gains, probs = zip(*VARIANTS)
+  variants = rng.choice(len(VARIANTS), size=count, p=probs)
+  params = compiled.draw(
+      jax.random.split(jax.random.PRNGKey(rng.randint(2**31)), count),
+      jnp.asarray(np.array(gains)[variants], jnp.float32))
+  # Prompt lengths in [0, length - 1], the ends drawn often.
+  kind = rng.choice(3, size=(count, batch), p=(0.15, 0.15, 0.7))
+  lengths = np.where(kind == 0, 0, np.where(
+      kind == 1, length - 1, rng.randint(0, length, size=(count, batch))))
+  inputs = rng.randint(0, vocab, size=(count, batch, length))
+  inputs[np.arange(length)[None, None] > lengths[..., None]] = 0
+  inputs[..., 0] = 0
+  bidir = rng.rand(count, batch) < 0.5
+  steps = rng.randint(1, length + 1, size=(count, batch))
+  args = (params, jnp.asarray(inputs, jnp.int32),
+          jnp.asarray(lengths, jnp.int32), jnp.asarray(bidir))
+  steps_j = jnp.asarray(steps, jnp.int32)
+
+  # The reference: greedy without EOS.
+  refs, _ = compiled.greedy(*args, steps_j,
+                            jnp.full((count, batch), -1, jnp.int32))
+  refs = np.asarray(refs)[:, :, 0]
+  limits = np.minimum(length, lengths + steps) - lengths  # tokens to produce
+  eos = np.empty((count, batch), np.int64)
+  for c, b in np.ndindex(count, batch):
+    u = rng.rand()
+    if u < 0.5:
+      eos[c, b] = rng.choice(
+          refs[c, b, lengths[c, b]:lengths[c, b] + limits[c, b]])
+    elif u < 0.8:
+      eos[c, b] = rng.randint(vocab)
+    else:
+      eos[c, b] = -1
+  eos_j = jnp.asarray(eos, jnp.int32)
+  greedies, g_scores = compiled.greedy(*args, steps_j, eos_j)
+  speeds, s_scores, stats = compiled.speed(*args, steps_j, eos_j)
+  sequences = np.concatenate([np.zeros((count, batch, 1), refs.dtype), refs],
+                             -1)[..., :length]
+  fwd_argmax, fwd_top2 = compiled.forward(params, jnp.asarray(sequences),
+                                          *args[2:])
+  host = jax.tree.map(np.asarray, (greedies, g_scores, speeds, s_scores,
+                                   stats, fwd_argmax, fwd_top2))
+  for c in range(count):
+    case = jax.tree.map(lambda x, c=c: x[c], host)
+    _check_case(group, report, f'{first}+{c} {names[variants[c]]}',
+                inputs[c], lengths[c], limits[c], eos[c], refs[c], *case)
+
+
+def _check_case(group, report, case_id, inputs, lengths, limit, eos, ref,
+                greedy, g_scores, speed, s_scores, stats, fwd_argmax,
+                fwd_top2):
+  """Checks one case's rows (see the module docstring), adding to `report`."""
+  batch = group.batch
+  greedy, speed = greedy[:, 0], speed[:, 0]
+  g_scores, s_scores = g_scores[:, 0], s_scores[:, 0]
+  ref_rows = [ref[b, lengths[b]:lengths[b] + limit[b]] for b in range(batch)]
+  tol = NEAR_TIE[group.dtype]
+
+  def classify(what, b, position):
+    """Position p's margin (from the uncached forward of the reference)."""
+    top = fwd_top2[b, position - 1]
+    margin = float(top[0] - top[1])
+    bound = tol * max(1.0, abs(float(top[0])))
+    where = (f'{case_id} {group} row {b}: {what} at '
+             f'position {position}, top-2 margin {margin:.3g}')
+    if margin < bound:
+      report.near_ties += 1
+      report.ties.append(where)
+    else:
+      report.real_bugs += 1
+      report.bugs.append(where)
+
+  report.cases += 1
+  report.flushes += int(np.asarray(stats.flushes).sum())
+  num_tokens, invalid = np.asarray(stats.num_tokens), np.asarray(stats.invalid)
+  for b in range(batch):
+    report.rows += 1
+    start = lengths[b] + 1                       # first produced position
+    # 3. The reference against the uncached forward pass.
+    report.forward_tokens += limit[b]
+    bad = np.flatnonzero(fwd_argmax[b, lengths[b]:lengths[b] + limit[b]] !=
+                         ref_rows[b])
+    if bad.size:
+      classify('greedy != uncached forward', b, start + bad[0])
+      continue
+    # 1. Greedy with EOS is the reference cut at EOS.
+    want = _cut(ref_rows[b], limit[b], eos[b])
+    got = greedy[b, lengths[b]:]
+    if not (np.array_equal(got[:want.size], want) and
+            not got[want.size:].any()):
+      diff = np.flatnonzero(np.append(got[:want.size] != want, True))[0]
+      classify('greedy with EOS != reference cut at EOS', b, start + diff)
+      continue
+    # 2. SPEED against greedy.
+    report.tokens_compared += want.size
+    mine = speed[b, lengths[b]:]
+    if not np.array_equal(mine, got):
+      classify('SPEED != greedy', b, start + np.flatnonzero(mine != got)[0])
+      continue
+    problems = []
+    if not (np.array_equal(speed[b, :lengths[b]], inputs[b, 1:start]) and
+            np.array_equal(greedy[b, :lengths[b]], inputs[b, 1:start])):
+      problems.append('prompt overwritten')
+    if num_tokens[b] != want.size or invalid[b]:
+      problems.append(f'stats num_tokens {num_tokens[b]} (want {want.size}), '
+                      f'invalid {invalid[b]}')
+    if group.dtype == 'float32' and not np.isclose(
+        s_scores[b], g_scores[b], rtol=SCORE_RTOL, atol=SCORE_RTOL):
+      problems.append(f'score {s_scores[b]} != greedy {g_scores[b]}')
+    if problems:
+      report.real_bugs += 1
+      report.bugs.append(f'{case_id} {group} row {b}: ' + '; '.join(problems))
+      continue
+    report.exact_rows += 1
+
+
+def run(cases: int, seed: int = 0, dtype: str = 'float32',
+        cases_per_group: int = 25, log=None) -> Report:
+  """Runs `cases` fuzz cases; returns the `Report`."""
+  if dtype not in NEAR_TIE:
+    raise ValueError(f'dtype must be one of {sorted(NEAR_TIE)}, got {dtype!r}.')
+  if cases < 1 or cases_per_group < 1:
+    raise ValueError('cases and cases_per_group must be >= 1, got '
+                     f'{cases} and {cases_per_group}.')
+  rng = np.random.RandomState(seed)
+  report = Report(dtype=dtype, tolerance=NEAR_TIE[dtype])
+  start = time.time()
+  done = 0
+  while done < cases:
+    group = draw_group(rng, dtype)
+    compiled = _Compiled(group)
+    report.groups += 1
+    count = min(cases_per_group, cases - done)
+    run_cases(compiled, rng, report, count, f'seed {seed} case {done}')
+    done += count
+    if log:
+      log(f'[{time.time() - start:6.0f} s] {done}/{cases} cases, '
+          f'near-ties {report.near_ties}, real bugs {report.real_bugs}  '
+          f'({group})')
+  report.seconds = time.time() - start
+  return report
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m t5x_speed.fuzz',
+      description='Fuzz SPEED == greedy == uncached forward on random models.',
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument('--cases', type=int, default=300,
+                      help='number of cases (each a batch of rows)')
+  parser.add_argument('--seed', type=int, default=0,
+                      help='seed of every draw: a run is reproducible')
+  parser.add_argument('--dtype', default='float32', choices=sorted(NEAR_TIE),
+                      help='activation dtype of the random models')
+  parser.add_argument('--cases-per-group', type=int, default=25,
+                      help='cases sharing one architecture (one compile)')
+  parser.add_argument('--quiet', action='store_true',
+                      help='print only the summary')
+  args = parser.parse_args(argv)
+  log = None if args.quiet else (lambda m: print(m, flush=True))
+  report = run(args.cases, args.seed, args.dtype, args.cases_per_group, log)
+  for line in report.ties[:20]:
+    print('near-tie:', line)
+  for line in report.bugs[:50]:
+    print('REAL BUG:', line)
+  print(report.summary())
+  return 1 if report.real_bugs else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,76 @@
+"""CI's slice of the exactness fuzz (`make fuzz` runs as many cases as asked).
+
+The slice: 200 float32 cases in 2 groups (architectures), drawn from a fixed
+seed, must have no real-bug mismatch and no near-tie either (float32 near-ties
+are rare enough that one would deserve a look). The runner itself must catch a
+broken SPEED and tell a near-tie from a real bug.
+"""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import fuzz
+
+TINY = fuzz.Group(g=1, r=3, sharing='cycle', vocab=17, width=32, heads=2,
+                  mlp=32, batch=3, length=8, dtype='float32')
+
+
+class FuzzSliceTest(absltest.TestCase):
+
+  def test_ci_slice(self):
+    report = fuzz.run(cases=200, seed=0, cases_per_group=100, log=print)
+    print(report.summary())
+    self.assertEqual(report.cases, 200)
+    self.assertEqual(report.groups, 2)
+    self.assertEqual(report.real_bugs, 0, report.bugs[:10])
+    self.assertEqual(report.near_ties, 0, report.ties[:10])
+    self.assertEqual(report.exact_rows, report.rows)
+    # The slice exercises what it claims: flushes happen, tokens compared.
+    self.assertGreater(report.flushes, 0)
+    self.assertGreater(report.tokens_compared, 1000)
+
+  def test_catches_a_broken_speed(self):
+    real = decoding.speed_decode
+
+    def off_by_one(*args, **kwargs):
+      decodes, scores, stats = real(*args, **kwargs)
+      # Change the last position's token of every row: a real bug wherever
+      # that token was produced and the margin there is not a near-tie.
+      return decodes.at[:, :, -1].add(1), scores, stats
+
+    decoding.speed_decode = off_by_one
+    try:
+      report = fuzz.Report('float32', fuzz.NEAR_TIE['float32'])
+      fuzz.run_cases(fuzz._Compiled(TINY), np.random.RandomState(0), report,
+                     count=10, first='broken')
+    finally:
+      decoding.speed_decode = real
+    self.assertGreater(report.real_bugs, 0)
+    self.assertIn('SPEED != greedy', report.bugs[0])
+
+  def test_near_tie_classification(self):
+    report = fuzz.Report('float32', 1e-4)
+    case = dict(inputs=np.zeros((1, 4), np.int64), lengths=np.array([0]),
+                limit=np.array([3]), eos=np.array([-1]),
+                ref=np.array([[5, 6, 7, 0]]))
+    group = fuzz.Group(**{**TINY.__dict__, 'batch': 1, 'length': 4})
+    stats = decoding.SpeedStats.zeros(1, 3).replace(
+        num_tokens=jnp.array([3]))
+    stats = jax.tree.map(np.asarray, stats)
+    for margin, field in ((1e-6, 'near_ties'), (0.5, 'real_bugs')):
+      top2 = np.array([[[2.0, 2.0 - margin]] * 4])
+      speed = np.array([[[5, 6, 8, 0]]])          # differs at position 3
+      fuzz._check_case(group, report, 'hand', **case,
+                       greedy=np.array([[[5, 6, 7, 0]]]),
+                       g_scores=np.zeros((1, 1)), speed=speed,
+                       s_scores=np.zeros((1, 1)), stats=stats,
+                       fwd_argmax=np.array([[5, 6, 7, 0]]), fwd_top2=top2)
+      self.assertEqual(getattr(report, field), 1, field)
+    self.assertIn('position 3', report.ties[0])
+
+
+if __name__ == '__main__':
+  absltest.main()
