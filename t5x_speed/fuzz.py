@@ -55,6 +55,10 @@ SCORE_RTOL = 1e-4          # float32 only
 VARIANTS = (('disagree', 4.0, 0.35), ('plain', 1.0, 0.3),
             ('agree', 0.05, 0.25), ('identical', 0.0, 0.1))
 RESIDUAL_OUTPUTS = ('out', 'wo')
+# Cache elements (cases x batch x layers x length x width) one vmapped call
+# may hold: bounds memory for the largest groups (about 0.5 GB per cache copy
+# in float32).
+CALL_CELLS = 2**27
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,7 +341,11 @@ def run(cases: int, seed: int = 0, dtype: str = 'float32',
     compiled = _Compiled(group)
     report.groups += 1
     count = min(cases_per_group, cases - done)
-    run_cases(compiled, rng, report, count, f'seed {seed} case {done}')
+    per_case = group.batch * group.g * group.r * group.length * group.width
+    chunk = max(1, CALL_CELLS // per_case)
+    for first in range(0, count, chunk):
+      run_cases(compiled, rng, report, min(chunk, count - first),
+                f'seed {seed} case {done + first}')
     done += count
     if log:
       log(f'[{time.time() - start:6.0f} s] {done}/{cases} cases, '
