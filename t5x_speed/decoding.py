@@ -255,6 +255,57 @@ def _write(sequences: Array, positions: Array, tokens: Array,
   return sequences.at[rows, positions].set(tokens, mode='drop')
 
 
+# At or below this temperature T5X's sampler takes the argmax
+# (t5x.decoding.MIN_TEMPERATURE).
+_MIN_TEMPERATURE = 1e-4
+
+
+def check_greedy_params(fn_name: str, temperature: Any = 0.0, topk: Any = 1,
+                        topp: Any = 0.0,
+                        max_decode_steps: Optional[IntOrArray] = None,
+                        max_decode_steps_hard_limit: Optional[int] = None
+                        ) -> Optional[IntOrArray]:
+  """Checks T5X's sampling parameters given to a greedy-exact decode fn.
+
+  They are accepted where T5X's `temperature_sample` with the same values
+  would decode greedily: temperature at most 1e-4 (T5X's MIN_TEMPERATURE;
+  any topk / topp), or topk = 1 with topp = 0 (any temperature).
+
+  Returns:
+    `max_decode_steps` clipped to `max_decode_steps_hard_limit` where that is
+    set (> 0), as T5X's sampler does.
+
+  Raises:
+    ValueError: the values would sample (or are traced, so cannot be
+      checked), or `max_decode_steps_hard_limit` is not None or an integer.
+  """
+  for name, value in (('temperature', temperature), ('topk', topk),
+                      ('topp', topp)):
+    if not _is_concrete(value):
+      raise ValueError(f'{fn_name} needs a concrete {name} (it checks that '
+                       'it decodes greedily), got a traced value.')
+  hot = bool(np.any(np.asarray(temperature, np.float64) > _MIN_TEMPERATURE))
+  topk, topp = np.asarray(topk), np.asarray(topp, np.float64)
+  if hot and (np.any(topk != 1) or np.any(topp != 0)):
+    raise ValueError(
+        f'{fn_name} decodes greedily, token for token, but temperature='
+        f'{temperature}, topk={topk}, topp={topp} would sample. Sample with '
+        "T5X's decode fn (--gin.DECODING_FN=@t5x.decoding.temperature_sample "
+        'and bind t5x.decoding.temperature_sample.temperature / topk / topp),'
+        ' or leave temperature at 0 or topk at 1.')
+  limit = max_decode_steps_hard_limit
+  if limit is not None and (isinstance(limit, (bool, np.bool_)) or
+                            not isinstance(limit, (int, np.integer))):
+    raise ValueError('max_decode_steps_hard_limit must be None or an '
+                     f'integer, got {limit!r}.')
+  if limit is None or limit <= 0 or max_decode_steps is None:
+    return max_decode_steps
+  if isinstance(max_decode_steps, (int, np.integer)) and not isinstance(
+      max_decode_steps, (bool, np.bool_)):
+    return min(int(max_decode_steps), int(limit))
+  return jnp.minimum(max_decode_steps, limit)
+
+
 # ----------------------------------------------------------------------------
 # Greedy
 # ----------------------------------------------------------------------------
@@ -292,7 +343,11 @@ def greedy_decode(inputs: Array,
                   max_decode_steps: Optional[IntOrArray] = None,
                   cache_offset: int = 0,
                   decode_rng: Optional[Array] = None,
-                  **unused_decoder_params) -> Tuple[Array, Array]:
+                  temperature: Any = 0.0,
+                  topk: Any = 1,
+                  topp: Any = 0.0,
+                  max_decode_steps_hard_limit: Optional[int] = None
+                  ) -> Tuple[Array, Array]:
   """Stripped-down greedy decoding: one full-depth token per loop step.
 
   Args:
@@ -307,16 +362,24 @@ def greedy_decode(inputs: Array,
       an integer or [batch] integers.
     cache_offset: must be 0.
     decode_rng: ignored (greedy is deterministic); accepted for T5X.
-    **unused_decoder_params: other T5X decoder params, ignored.
+    temperature: T5X's sampling temperature, accepted where it keeps the
+      decode greedy (see `check_greedy_params`): 0 (or any with topk 1).
+    topk: T5X's top-k, likewise: 1 (or any at temperature 0).
+    topp: T5X's top-p, likewise: 0 (or any at temperature 0).
+    max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
 
   Returns:
     (decodes [batch, 1, length], scores [batch, 1]); the score of an invalid
     example (see the module docstring) is NaN.
 
   Raises:
-    ValueError: for bad arguments, see the module docstring.
+    ValueError: for bad arguments, see the module docstring; also for
+      sampling parameters (`check_greedy_params`).
   """
-  del decode_rng, unused_decoder_params
+  del decode_rng
+  max_decode_steps = check_greedy_params(
+      'greedy_decode', temperature, topk, topp, max_decode_steps,
+      max_decode_steps_hard_limit)
   batch, length = _check_structure(inputs, num_decodes, cache_offset, cache)
   logits_shape = jax.eval_shape(tokens_to_logits, DecodingState(
       cur_index=jax.ShapeDtypeStruct((batch,), jnp.int32),
@@ -485,7 +548,10 @@ def speed_decode(inputs: Array,
                  initial_carry: Optional[Array] = None,
                  return_stats: bool = False,
                  record_schedule: bool = False,
-                 **unused_decoder_params):
+                 temperature: Any = 0.0,
+                 topk: Any = 1,
+                 topp: Any = 0.0,
+                 max_decode_steps_hard_limit: Optional[int] = None):
   """SPEED: speculative pipelined greedy decoding of a shared-exit model.
 
   Each loop step runs the G shared layers once over R slots per example, slot
@@ -541,7 +607,11 @@ def speed_decode(inputs: Array,
     return_stats: also return `SpeedStats`.
     record_schedule: also return the `SpeedSchedule` (memory grows with
       R * length steps).
-    **unused_decoder_params: other T5X decoder params, ignored.
+    temperature: T5X's sampling temperature, accepted where it keeps the
+      decode greedy (see `check_greedy_params`): 0 (or any with topk 1).
+    topk: T5X's top-k, likewise: 1 (or any at temperature 0).
+    topp: T5X's top-p, likewise: 0 (or any at temperature 0).
+    max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
 
   Returns:
     (decodes [batch, 1, length], scores [batch, 1]), followed by `SpeedStats`
@@ -551,9 +621,13 @@ def speed_decode(inputs: Array,
   Raises:
     ValueError: for bad arguments, see the module docstring; also when
       `initial_carry` does not match the R stages and width of
-      `pipeline_step_fn`.
+      `pipeline_step_fn`, and for sampling parameters
+      (`check_greedy_params`).
   """
-  del tokens_to_logits, decode_rng, unused_decoder_params
+  del tokens_to_logits, decode_rng
+  max_decode_steps = check_greedy_params(
+      'speed_decode', temperature, topk, topp, max_decode_steps,
+      max_decode_steps_hard_limit)
   if pipeline_step_fn is None or initial_carry is None:
     raise ValueError(
         'speed_decode needs pipeline_step_fn and initial_carry: the model '

@@ -6,8 +6,10 @@ A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
   per-exit loss, accuracy and consecutive-exit flip rate as CLU metrics;
 * `predict_batch_with_aux` prefills one cache per virtual layer and calls the
   configured decode fn: `decoding.speed_decode` gets the pipelined SPEED step
-  (and its statistics land in the aux dict), while `decoding.greedy_decode` and
-  T5X's own `decoding.temperature_sample` run the full-depth step;
+  (and its statistics land in the aux dict), `decoding.greedy_decode` the
+  full-depth step, and any other decode fn (T5X's `beam_search`,
+  `temperature_sample`, ...) the full-depth step over the cache in T5X's form
+  (`steps.to_t5x_cache`), which T5X's beam expansion and reordering handle;
 * `score_batch` scores with the final exit, or with every exit.
 
 This is the only library module that needs T5X.
@@ -28,8 +30,10 @@ from t5x import models as t5x_models
 
 from t5x_speed import decoding
 from t5x_speed import inference
+from t5x_speed import layers
 from t5x_speed import losses
 from t5x_speed import network
+from t5x_speed import steps
 
 Array = jax.Array
 PyTree = Any
@@ -41,6 +45,24 @@ def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
     return 'pipeline_step_fn' in inspect.signature(decode_fn).parameters
   except (TypeError, ValueError):
     return False
+
+
+def takes_kv_cache(decode_fn: Callable[..., Any]) -> bool:
+  """Whether `decode_fn` is one of ours, which take the `network.KVCache`.
+
+  Others (T5X's), unless they take SPEED's `pipeline_step_fn`, get the cache
+  as `steps.to_t5x_cache` makes it. Partials and wrappers (gin's) are looked
+  through.
+  """
+  fn = decode_fn
+  while True:
+    if isinstance(fn, functools.partial):
+      fn = fn.func
+    elif hasattr(fn, '__wrapped__'):
+      fn = fn.__wrapped__
+    else:
+      break
+  return fn in (decoding.greedy_decode, decoding.speed_decode)
 
 
 class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
@@ -172,15 +194,21 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
         {'decoder_causal_attention': causal_attention_mask})
     _, cache = self.module.apply({'params': params}, inputs, inputs_lengths,
                                  bidirectional, method='prefill')
+    cache = jax.tree.map(
+        lambda x: layers.with_sharding_constraint(x, steps.CACHE_AXES), cache)
     return cache, inputs_lengths
 
   def _compute_logits_from_slice(self, decoding_state, params: PyTree,
                                  max_decode_length: int):
-    """Full-depth step at each example's `cur_index` (greedy, T5X sampling)."""
+    """Full-depth step at each example's `cur_index` (`greedy_decode`)."""
     del max_decode_length
     return self.module.apply({'params': params},
                              decoding_state.cur_token[:, 0],
                              decoding_state.cur_index, decoding_state.cache,
+                             method='decode_step')
+
+  def _decode_step(self, tokens, positions, cache, *, params):
+    return self.module.apply({'params': params}, tokens, positions, cache,
                              method='decode_step')
 
   def _pipeline_step(self, tokens, carry, positions, cache, *, params):
@@ -203,7 +231,10 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     As `t5x.models.DecoderOnlyModel.predict_batch_with_aux`, except that a
     decode fn taking `pipeline_step_fn` (SPEED) also gets the pipelined step,
     the initial pipeline carry, and returns `SpeedStats`, reported per
-    example as aux['speed/<field>'].
+    example as aux['speed/<field>']. Decode fns other than ours (e.g.
+    `t5x.decoding.beam_search`, `temperature_sample` with `num_decodes > 1`)
+    get the cache in T5X's form with `cache_offset=steps.CACHE_OFFSET` and a
+    full-depth step that keeps positions in the cache (see `steps`).
 
     Token ids outside [0, vocab) raise `ValueError` when the batch is
     concrete. Under `jit` (as T5X's binaries run this) our decode fns end
@@ -226,6 +257,15 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
       decoder_params['decode_rng'] = rng
     decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
     pipeline = uses_pipeline(self._decode_fn)
+    tokens_to_logits = functools.partial(
+        self._compute_logits_from_slice, params=params,
+        max_decode_length=inputs.shape[1])
+    cache_offset = 0
+    if not (pipeline or takes_kv_cache(self._decode_fn)):
+      cache = steps.to_t5x_cache(cache, initial_index)
+      tokens_to_logits = steps.t5x_tokens_to_logits(
+          functools.partial(self._decode_step, params=params))
+      cache_offset = steps.CACHE_OFFSET
     if pipeline:
       decoder_params.update(
           pipeline_step_fn=functools.partial(self._pipeline_step,
@@ -233,12 +273,9 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
           initial_carry=inference.initial_carry(self.config, inputs.shape[0]),
           return_stats=True)
     outputs = self._decode_fn(
-        inputs=inputs, cache=cache,
-        tokens_to_logits=functools.partial(
-            self._compute_logits_from_slice, params=params,
-            max_decode_length=inputs.shape[1]),
-        num_decodes=num_decodes, initial_index=initial_index, cache_offset=0,
-        **decoder_params)
+        inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
+        num_decodes=num_decodes, initial_index=initial_index,
+        cache_offset=cache_offset, **decoder_params)
     decodes, scores = outputs[:2]
     if return_all_decodes:
       aux = {'scores': scores}

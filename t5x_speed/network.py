@@ -338,7 +338,8 @@ class Decoder(nn.Module):
     Args:
       tokens: [batch] int tokens.
       positions: [batch] absolute positions; -1 (or >= cache length) writes
-        nothing, for finished examples.
+        nothing, for finished examples (a position >= cache length attends
+        to every position, without bias, as in T5X).
       cache: the `KVCache`.
 
     Returns:
@@ -347,7 +348,11 @@ class Decoder(nn.Module):
     cfg = self.config
     keys, values = list(cache.keys), list(cache.values)
     positions = positions[:, None]                                # [b, 1]
-    bias = self._step_bias(positions, cache.length)
+    # A position past the cache (T5X's beam search and sampler keep stepping
+    # examples that reached the end) writes nothing and, as in T5X, attends
+    # to the whole cache without relative-position bias.
+    bias = jnp.where((positions < cache.length)[:, :, None, None],
+                     self._step_bias(positions, cache.length), 0)
     x = self._embed(tokens[:, None], deterministic=True)          # [b, 1, emb]
     for r in range(cfg.num_repeats):
       for j in range(cfg.num_unique_layers):

@@ -28,6 +28,10 @@ GIN = REPO / 'gin'
 MODEL_FILES = sorted((GIN / 'models').glob('*.gin'))
 RUN_FILES = sorted((GIN / 'runs').glob('*.gin'))
 DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))
+# Decoding files that give greedy's tokens; the others (beam search, sampling)
+# decode num_decodes sequences per example.
+GREEDY_DECODING_FILES = ('greedy.gin', 'speed.gin', 't5x_greedy.gin')
+MULTI_DECODING_FILES = ('beam_search.gin', 'sample.gin')
 TINY = [
     "network.TransformerConfig.vocab_size = 128",
     "network.TransformerConfig.emb_dim = 16",
@@ -232,8 +236,10 @@ class GinConfigTest(parameterized.TestCase):
         'greedy': ['DECODING_FN = @decoding.greedy_decode'],
         't5x': ['DECODING_FN = @t5x.decoding.temperature_sample'],
     }
-    for f in DECODING_FILES:
-      choices[f.name] = []
+    self.assertCountEqual([f.name for f in DECODING_FILES],
+                          GREEDY_DECODING_FILES + MULTI_DECODING_FILES)
+    for name in GREEDY_DECODING_FILES:
+      choices[name] = []
     params = None
     for name, flag in choices.items():
       extra = [GIN / 'decoding' / name] if name.endswith('.gin') else []
@@ -247,6 +253,36 @@ class GinConfigTest(parameterized.TestCase):
     self.assertLen(results, 6)
     for name, decodes in results.items():
       np.testing.assert_array_equal(decodes, results['speed'], name)
+
+  def test_flags_select_beam_search_and_every_exit_scores(self):
+    self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+                GIN / 'runs' / 'infer.gin',
+                bindings=['DECODING_FN = @t5x.decoding.beam_search',
+                          'SCORE_ALL_EXITS = True', TASK])
+    model = self._model()
+    self.assertEqual(model.decode_fn.__name__, 'beam_search')
+    batch = th.prefix_lm_batch(seed=4, batch=2, length=12)
+    params = th.init_params(model, batch, seed=6)
+    self.assertEqual(model.score_batch(params, batch).shape, (2, 6))
+
+  @parameterized.parameters(*MULTI_DECODING_FILES)
+  def test_beam_search_and_sampling_files(self, name):
+    batch = th.prefix_lm_batch(seed=3, batch=3, length=12)
+    self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+                GIN / 'runs' / 'infer.gin', GIN / 'decoding' / name,
+                bindings=[TASK])
+    model = self._model()
+    self.assertFalse(models.takes_kv_cache(model.decode_fn))
+    params = th.init_params(model, batch, seed=5)
+    # The file binds num_decodes = 4 on predict_batch_with_aux.
+    decodes, aux = model.predict_batch_with_aux(
+        params, batch, jax.random.PRNGKey(0), return_all_decodes=True)
+    self.assertEqual(decodes.shape, (3, 4, 12))
+    self.assertTrue((np.diff(np.asarray(aux['scores']), axis=1) >= 0).all())
+    best, best_aux = model.predict_batch_with_aux(params, batch,
+                                                  jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(best, decodes[:, -1])
+    np.testing.assert_array_equal(best_aux['scores'], aux['scores'][:, -1])
 
 
 if __name__ == '__main__':

@@ -2,7 +2,8 @@
 
 Trains a tiny 2x3 shared model on a seqio task built here (local text, a
 SentencePiece model trained here), evaluates it, and runs inference once with
-SPEED and once with greedy decoding: the prediction files must be identical.
+SPEED and once with greedy decoding: the prediction files must be identical;
+then with T5X's beam search and multi-sample decoding.
 Skipped when T5X is absent (it is not on PyPI).
 """
 
@@ -187,6 +188,27 @@ class StockBinariesTest(absltest.TestCase):
       self.assertGreaterEqual(row['aux']['speed/num_steps'],
                               row['aux']['speed/num_tokens'])
     self.assertNotIn('speed/num_steps', predictions['greedy'][0]['aux'])
+
+    # T5X's beam search and multi-sample decoding on the shared model.
+    for name in ('beam_search', 'sample'):
+      out = os.path.join(root, f'infer_{name}')
+      _run('infer', root, [model, 'runs/infer.gin', f'decoding/{name}.gin'], [
+          f"CHECKPOINT_PATH = '{checkpoint}'", f"INFER_OUTPUT_DIR = '{out}'",
+          'utils.DatasetConfig.batch_size = 4'])
+      files = [f for f in glob.glob(os.path.join(out, 'e2e_reverse-*.jsonl*'))
+               if not f.endswith('.COMPLETED')]
+      self.assertLen(files, 1)
+      with open(files[0]) as f:
+        rows = [json.loads(line) for line in f]
+      self.assertLen(rows, 12)
+      self.assertEqual([r['inputs'] for r in rows],
+                       [r['inputs'] for r in predictions['speed']])
+      # (This barely trained model's best beam is often EOS at once: its
+      # length-penalised score, about -1, beats greedy's long outputs.)
+      for row in rows:
+        self.assertIsInstance(row['prediction'], str)
+        self.assertBetween(row['aux']['scores'], -1e6, 0.0)
+        self.assertNotIn('speed/num_steps', row['aux'])
 
 
 if __name__ == '__main__':

@@ -1,5 +1,7 @@
 """SpeedDecoderOnlyModel inside T5X (skipped when T5X is absent)."""
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -9,9 +11,47 @@ import pytest
 
 pytest.importorskip('t5x')
 
-from t5x_speed import decoding  # pylint: disable=g-import-not-at-top
+from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
+from t5x_speed import decoding
 from t5x_speed import losses
+from t5x_speed import models
+from t5x_speed import steps
 import t5x_helpers as th
+
+BEAM = jax.tree_util.Partial(t5x_decoding.beam_search, alpha=0.6)
+
+
+def _continuations(batch, decodes):
+  """[batch, k, length] decodes -> a scoring batch of prompt + decode rows.
+
+  Each row keeps its decode up to and including the first EOS (1). Returns
+  the batch and the (example, decode) index of each row; decodes holding the
+  padding id 0 before their end (which scoring would read as padding) or
+  without EOS are left out.
+  """
+  decodes = np.asarray(decodes)
+  inputs = np.asarray(batch['decoder_input_tokens'] *
+                      batch['decoder_causal_attention'])
+  length = inputs.shape[1]
+  rows, index = [], []
+  for b in range(decodes.shape[0]):
+    prompt = list(inputs[b, 1:][inputs[b, 1:] != 0])
+    for k in range(decodes.shape[1]):
+      gen = list(decodes[b, k])
+      if 1 not in gen or 0 in gen[:gen.index(1)]:
+        continue
+      rows.append((prompt, gen[:gen.index(1) + 1]))
+      index.append((b, k))
+  fields = {k: np.zeros((len(rows), length), np.int32) for k in (
+      'decoder_target_tokens', 'decoder_input_tokens',
+      'decoder_causal_attention', 'decoder_loss_weights')}
+  for i, (prompt, gen) in enumerate(rows):
+    seq = (prompt + gen)[:length]
+    fields['decoder_target_tokens'][i, :len(seq)] = seq
+    fields['decoder_input_tokens'][i, 1:len(seq)] = seq[:-1]
+    fields['decoder_causal_attention'][i, :len(prompt) + 1] = 1
+    fields['decoder_loss_weights'][i, len(prompt):len(seq)] = 1
+  return {k: jnp.asarray(v) for k, v in fields.items()}, index
 
 
 class UnsharedParityTest(parameterized.TestCase):
@@ -135,6 +175,139 @@ class SharedModelTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'SpeedTransformer'):
       th.speed_model().__class__(
           th.t5x_model().module, None, None)
+
+
+class T5XDecodeFnsTest(parameterized.TestCase):
+  """T5X's own decode fns through the full-depth step of a shared model."""
+
+  def test_beam_search_matches_t5x_model_when_unshared(self):
+    batch = th.prefix_lm_batch(seed=11, batch=5)
+    ours = th.speed_model(g=3, r=1, decode_fn=BEAM)
+    theirs = th.t5x_model(num_layers=3)
+    theirs._decode_fn = BEAM  # pylint: disable=protected-access
+    params = th.init_params(theirs, batch, seed=12)
+    kwargs = dict(num_decodes=4, return_all_decodes=True)
+    decodes, aux = ours.predict_batch_with_aux(params, batch, **kwargs)
+    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch,
+                                                         **kwargs)
+    self.assertEqual(decodes.shape, (5, 4, 16))
+    np.testing.assert_array_equal(decodes, t5x_decodes)
+    np.testing.assert_allclose(aux['scores'], t5x_aux['scores'], rtol=1e-5)
+    best, best_aux = ours.predict_batch_with_aux(params, batch, num_decodes=4)
+    np.testing.assert_array_equal(best, t5x_decodes[:, -1])
+    np.testing.assert_allclose(best_aux['scores'], t5x_aux['scores'][:, -1],
+                               rtol=1e-5)
+
+  def test_beam_search_scores_are_final_exit_log_probs(self):
+    # alpha = 0: a finished beam's score is its summed log-probability.
+    batch = th.prefix_lm_batch(seed=13, batch=6)
+    model = th.speed_model(decode_fn=jax.tree_util.Partial(
+        t5x_decoding.beam_search, alpha=0.0))
+    params = th.init_params(model, batch, seed=14)
+    decodes, aux = jax.jit(functools.partial(
+        model.predict_batch_with_aux, num_decodes=4,
+        return_all_decodes=True))(params, batch)
+    self.assertEqual(decodes.shape, (6, 4, 16))
+    # Beams come sorted by increasing score.
+    scores = np.asarray(aux['scores'])
+    self.assertTrue((np.diff(scores, axis=1) >= 0).all())
+    finished = scores > -1e6
+    rows, index = _continuations(batch, decodes)
+    checked = [i for i, (b, k) in enumerate(index) if finished[b, k]]
+    self.assertGreaterEqual(len(checked), 3)
+    expected = model.score_batch(params, rows)
+    for i in checked:
+      b, k = index[i]
+      self.assertAlmostEqual(float(scores[b, k]), float(expected[i]),
+                             delta=1e-4 * max(1.0, abs(float(expected[i]))))
+    # The best beam is at least as likely as the greedy (SPEED) decode.
+    greedy = th.speed_model().predict_batch(params, batch)
+    greedy_rows, greedy_index = _continuations(batch, np.asarray(greedy)[:, None])
+    greedy_scores = model.score_batch(params, greedy_rows)
+    compared = [i for i, (b, _) in enumerate(greedy_index) if finished[b, -1]]
+    self.assertNotEmpty(compared)
+    for i in compared:
+      self.assertGreaterEqual(float(scores[greedy_index[i][0], -1]),
+                              float(greedy_scores[i]) - 1e-4)
+
+  @parameterized.named_parameters(
+      ('topk', dict(temperature=1.0, topk=4)),
+      ('topp', dict(temperature=0.8, topk=0, topp=0.9)),
+  )
+  def test_temperature_sample_num_decodes(self, params_kwargs):
+    batch = th.prefix_lm_batch(seed=15, batch=4)
+    model = th.speed_model(decode_fn=jax.tree_util.Partial(
+        t5x_decoding.temperature_sample, rescale_log_probs=False,
+        **params_kwargs))
+    params = th.init_params(model, batch, seed=16)
+    decodes, aux = jax.jit(functools.partial(
+        model.predict_batch_with_aux, num_decodes=4,
+        return_all_decodes=True))(params, batch, jax.random.PRNGKey(5))
+    self.assertEqual(decodes.shape, (4, 4, 16))
+    # Four different samples per example, each scored by the final exit.
+    self.assertGreater(
+        len({tuple(np.asarray(d)) for d in decodes.reshape(16, 16)}), 8)
+    rows, index = _continuations(batch, decodes)
+    self.assertGreaterEqual(len(index), 8)
+    expected = model.score_batch(params, rows)
+    for i, (b, k) in enumerate(index):
+      self.assertAlmostEqual(float(aux['scores'][b, k]), float(expected[i]),
+                             delta=1e-4 * max(1.0, abs(float(expected[i]))))
+
+  def test_greedy_sampling_with_num_decodes_is_speed(self):
+    batch = th.prefix_lm_batch(seed=17, batch=4)
+    speed = th.speed_model()
+    params = th.init_params(speed, batch, seed=18)
+    sampler = th.speed_model(decode_fn=th.T5X_GREEDY)
+    decodes, _ = sampler.predict_batch_with_aux(
+        params, batch, num_decodes=3, return_all_decodes=True)
+    expected = speed.predict_batch(params, batch)
+    for k in range(3):
+      np.testing.assert_array_equal(decodes[:, k], expected)
+
+  @parameterized.parameters(decoding.greedy_decode, decoding.speed_decode)
+  def test_sampling_params_on_greedy_exact_decode_fns_raise(self, decode_fn):
+    batch = th.prefix_lm_batch(seed=19, batch=2)
+    model = th.speed_model(decode_fn=decode_fn)
+    params = th.init_params(model, batch)
+    with self.assertRaisesRegex(ValueError, 'would sample'):
+      model.predict_batch_with_aux(
+          params, batch, decoder_params={'temperature': 0.7, 'topk': 5})
+    # Values with which T5X's sampler is greedy too are accepted.
+    np.testing.assert_array_equal(
+        model.predict_batch_with_aux(params, batch, decoder_params={
+            'temperature': 0.0, 'topk': 5})[0],
+        model.predict_batch(params, batch))
+
+  def test_which_decode_fns_take_the_kv_cache(self):
+    self.assertTrue(models.takes_kv_cache(decoding.greedy_decode))
+    self.assertTrue(models.takes_kv_cache(
+        functools.partial(decoding.speed_decode, max_decode_steps=3)))
+    self.assertFalse(models.takes_kv_cache(BEAM))
+    self.assertFalse(models.takes_kv_cache(t5x_decoding.temperature_sample))
+
+  def test_t5x_cache_expands_and_reorders_per_example(self):
+    # T5X's helpers on the T5X-form cache move whole examples: batch axis 1.
+    cache = th.speed_model().module.apply(
+        {'params': th.init_params(th.speed_model(), th.prefix_lm_batch())},
+        jnp.arange(12, dtype=jnp.int32).reshape(2, 6) + 2, jnp.array([3, 5]),
+        method='prefill')[1]
+    t5x_cache = steps.to_t5x_cache(cache, jnp.array([3, 5]))
+    expanded = t5x_decoding.cache_map(functools.partial(
+        t5x_decoding.flat_batch_beam_expand, beam_size=3,
+        offset=steps.CACHE_OFFSET), t5x_cache, apply_to_index=True)
+    kv, index = steps.from_t5x_cache(expanded)
+    np.testing.assert_array_equal(index, [3, 3, 3, 5, 5, 5])
+    for j in range(2):
+      np.testing.assert_array_equal(kv.keys[j][:, 4], cache.keys[j][:, 1])
+      np.testing.assert_array_equal(kv.values[j][:, 2], cache.values[j][:, 0])
+    beams = t5x_decoding.cache_map(lambda x: t5x_decoding.unflatten_beam_dim(
+        x, 2, 3, steps.CACHE_OFFSET), expanded)
+    gathered = t5x_decoding.cache_gather_beams(
+        beams, jnp.array([[2, 2, 0], [1, 0, 0]]), 2, 3, 3,
+        offset=steps.CACHE_OFFSET)
+    np.testing.assert_array_equal(gathered['layers_1']['cached_key'][:, 1, 0],
+                                  cache.keys[1][:, 1])
 
 
 if __name__ == '__main__':
