@@ -14,20 +14,8 @@ position min(length, initial_index + max_decode_steps). `eos_id` and
 `max_decode_steps` may be one integer or one per example ([batch]); an
 `eos_id` outside the vocabulary never ends an example (e.g. -1 disables EOS).
 
-Bad inputs. Arguments are checked once, before the loop, and never per step:
-
-* shapes and dtypes (token ids, `initial_index`, `eos_id` and
-  `max_decode_steps` must be integers), `num_decodes` and `cache_offset`
-  always raise `ValueError`;
-* values raise `ValueError` where they are concrete: `initial_index` outside
-  [0, length), `max_decode_steps` < 1, prompt token ids (positions
-  <= initial_index) outside [0, vocab), vocab being the step's logits width;
-* where they are traced (inside `jit`, as T5X runs its decode fns) they
-  cannot raise. An example with `initial_index` outside [0, length) or a
-  prompt id outside [0, vocab) is then *invalid*: it produces no token, its
-  decodes are its inputs unchanged and its score is NaN (`SpeedStats.invalid`
-  says why, see `INVALID_*`). A traced `max_decode_steps` <= 0 produces zero
-  tokens (score 0).
+Bad inputs raise `ValueError` before the loop where they are concrete, and
+end the example as *invalid* where they are traced: see `decode_args`.
 
 Every loop is bounded: greedy by length + 1 steps, SPEED by R * (length + 1)
 (a committed token takes at most R steps). No valid example reaches the
@@ -39,8 +27,7 @@ token 0, so such an example repeats token 0 with a NaN score. Check weights
 once at load with `inference.check_finite`.
 """
 
-import operator
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import flax
 import jax
@@ -48,16 +35,17 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import decode_args
+# Re-exported: what callers of the decode fns check and read.
+from t5x_speed.decode_args import (  # pylint: disable=unused-import
+    INVALID_INITIAL_INDEX, INVALID_STEP_LIMIT, INVALID_TOKEN_ID, IntOrArray,
+    check_greedy_params, check_token_range)
+
 Array = jax.Array
-IntOrArray = Union[int, Array]
 # (tokens [B], carry [B, R-1, E], positions [B, R], cache)
 #   -> (logits [B, R, V], hidden [B, R, E], cache)
 PipelineStepFn = Callable[[Array, Array, Array, Any], Tuple[Array, Array, Any]]
 
-# Bit flags of `SpeedStats.invalid`: why an example produced nothing.
-INVALID_INITIAL_INDEX = 1   # traced initial_index outside [0, length)
-INVALID_TOKEN_ID = 2        # traced prompt token id outside [0, vocab)
-INVALID_STEP_LIMIT = 4      # did not end within the loop's step bound
 
 
 @flax.struct.dataclass
@@ -78,163 +66,6 @@ class DecodingState:
   cache: Any
 
 
-def _is_concrete(*xs) -> bool:
-  return not any(isinstance(x, jax.core.Tracer) for x in xs)
-
-
-def _is_integer_dtype(dtype) -> bool:
-  return jnp.issubdtype(dtype, jnp.integer)
-
-
-def _per_example(name: str, value: Any, batch: int,
-                 allow_scalar: bool = True) -> Array:
-  """An integer scalar or [batch] array as an int32 [batch] array.
-
-  Raises:
-    ValueError: `value` is not integer-typed (bools and floats are refused:
-      3.9 would silently become 3) or has another shape.
-  """
-  if isinstance(value, (bool, np.bool_)):
-    raise ValueError(f'{name} must be an integer, got {value!r}.')
-  if isinstance(value, (int, np.integer)):
-    if not allow_scalar:
-      raise ValueError(f'{name} must be a [batch={batch}] integer array, got '
-                       f'the scalar {value!r}.')
-    return jnp.full((batch,), operator.index(value), jnp.int32)
-  array = value if isinstance(value, jax.Array) else np.asarray(value)
-  if not _is_integer_dtype(array.dtype):
-    raise ValueError(f'{name} must hold integers, got dtype {array.dtype}.')
-  shapes = [(batch,)] + ([()] if allow_scalar else [])
-  if array.shape not in shapes:
-    raise ValueError(f'{name} must have shape ({batch},)'
-                     f'{" or be a scalar" if allow_scalar else ""}, got '
-                     f'{array.shape}.')
-  if _is_concrete(array):
-    big = np.asarray(array).astype(np.int64)
-    if big.size and (big.min() < np.iinfo(np.int32).min or
-                     big.max() > np.iinfo(np.int32).max):
-      raise ValueError(f'{name} {big.tolist()} does not fit in int32.')
-  return jnp.broadcast_to(jnp.asarray(array, jnp.int32), (batch,))
-
-
-class _Checked(NamedTuple):
-  """Validated decode arguments, all [batch]."""
-  initial_index: Array   # clamped into [0, length)
-  max_len: Array         # last position to produce, min(length, ...)
-  eos_id: Array
-  invalid: Array         # INVALID_* flags (traced checks)
-  done: Array            # bool: nothing to produce (invalid or no steps)
-
-
-def _check_structure(inputs, num_decodes, cache_offset, cache):
-  """Checks what never depends on traced values; returns (batch, length)."""
-  if getattr(inputs, 'ndim', None) != 2:
-    raise ValueError('inputs must be a [batch, length] array, got shape '
-                     f'{getattr(inputs, "shape", type(inputs).__name__)}.')
-  if not _is_integer_dtype(inputs.dtype):
-    raise ValueError(f'inputs must hold integer token ids, got dtype '
-                     f'{inputs.dtype}.')
-  batch, length = inputs.shape
-  if batch == 0 or length == 0:
-    raise ValueError(f'inputs is empty (shape {inputs.shape}): nothing to '
-                     'decode.')
-  if num_decodes != 1:
-    raise ValueError(f'num_decodes={num_decodes}: greedy decoding has one '
-                     'result per example; use num_decodes=1.')
-  if cache_offset != 0:
-    raise ValueError(f'cache_offset={cache_offset}: scanned caches are not '
-                     'supported.')
-  cache_length = getattr(cache, 'length', None)
-  if cache_length is not None and cache_length < length:
-    raise ValueError(f'The cache holds {cache_length} positions but inputs '
-                     f'has length {length}.')
-  return batch, length
-
-
-def _validate(inputs, initial_index, max_decode_steps, eos_id,
-              vocab_size: Optional[int]) -> _Checked:
-  """Checks the argument values before the loop (see the module docstring)."""
-  batch, length = inputs.shape
-  if initial_index is None:
-    initial_index = jnp.zeros((batch,), jnp.int32)
-  initial_index = _per_example('initial_index', initial_index, batch,
-                               allow_scalar=False)
-  invalid = jnp.zeros((batch,), jnp.int32)
-  if _is_concrete(initial_index):
-    index = np.asarray(initial_index)
-    if index.min() < 0 or index.max() >= length:
-      raise ValueError(
-          f'initial_index {index.tolist()} must lie in [0, {length}): it is '
-          'the position of the last prompt token (the prompt length), in '
-          f'inputs of length {length}.')
-  else:
-    outside = (initial_index < 0) | (initial_index >= length)
-    invalid = invalid | jnp.where(outside, INVALID_INITIAL_INDEX, 0)
-    initial_index = jnp.clip(initial_index, 0, length - 1)
-
-  if max_decode_steps is None:
-    max_len = jnp.full((batch,), length, jnp.int32)
-  else:
-    steps = _per_example('max_decode_steps', max_decode_steps, batch)
-    if _is_concrete(steps):
-      if np.asarray(steps).min() < 1:
-        raise ValueError(f'max_decode_steps must be >= 1 (an integer or one '
-                         f'per example), got {np.asarray(max_decode_steps)}.')
-    # Traced steps <= 0 produce nothing: max_len <= initial_index.
-    max_len = jnp.minimum(length, initial_index + jnp.maximum(steps, 0))
-
-  eos_id = _per_example('eos_id', eos_id, batch)
-
-  # Prompt token ids: BOS and the prompt, positions <= initial_index.
-  in_prompt = jnp.arange(length)[None, :] <= initial_index[:, None]
-  ids = jnp.where(in_prompt, inputs, 0)
-  high = np.iinfo(np.int32).max if vocab_size is None else vocab_size
-  outside = in_prompt & ((ids < 0) | (ids >= high))
-  if _is_concrete(inputs, initial_index):
-    rows, cols = np.nonzero(np.asarray(outside))
-    if rows.size:
-      value = int(np.asarray(inputs)[rows[0], cols[0]])
-      raise ValueError(
-          f'inputs holds token id {value} at [{rows[0]}, {cols[0]}] (and '
-          f'{rows.size - 1} more), outside the vocabulary [0, {high}).')
-  else:
-    invalid = invalid | jnp.where(jnp.any(outside, -1), INVALID_TOKEN_ID, 0)
-  done = (invalid != 0) | (max_len <= initial_index)
-  return _Checked(initial_index, max_len.astype(jnp.int32), eos_id, invalid,
-                  done)
-
-
-def check_token_range(inputs: Array, vocab_size: int,
-                      lengths: Optional[Array] = None):
-  """Raises ValueError if concrete `inputs` hold ids outside [0, vocab_size).
-
-  Args:
-    inputs: [batch, length] token ids; traced arrays are not checked.
-    vocab_size: the vocabulary size.
-    lengths: optional [batch]: only `inputs[b, :lengths[b]]` is checked (the
-      padding after a prompt is not).
-  """
-  if not _is_concrete(inputs, lengths) or not np.size(inputs):
-    return
-  values = np.asarray(inputs)
-  if not np.issubdtype(values.dtype, np.integer):
-    raise ValueError(f'token ids must be integers, got dtype {values.dtype}.')
-  mask = np.ones(values.shape, bool)
-  if lengths is not None:
-    mask = np.arange(values.shape[-1])[None, :] < np.asarray(lengths)[:, None]
-  rows, cols = np.nonzero(mask & ((values < 0) | (values >= vocab_size)))
-  if rows.size:
-    raise ValueError(
-        f'inputs holds token id {int(values[rows[0], cols[0]])} at '
-        f'[{rows[0]}, {cols[0]}] (and {rows.size - 1} more), outside the '
-        f'vocabulary [0, {vocab_size}).')
-
-
-def _shape_of(tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x),
-                                                     jnp.result_type(x)), tree)
-
-
 def _first_tokens(inputs: Array, initial_index: Array) -> Tuple[Array, Array]:
   """The [batch, length + 1] sequence buffer and the tokens at initial_index."""
   sequences = jnp.pad(inputs.astype(jnp.int32), ((0, 0), (0, 1)))
@@ -253,57 +84,6 @@ def _write(sequences: Array, positions: Array, tokens: Array,
   rows = jnp.arange(sequences.shape[0])
   positions = jnp.where(where, positions, sequences.shape[1])  # dropped
   return sequences.at[rows, positions].set(tokens, mode='drop')
-
-
-# At or below this temperature T5X's sampler takes the argmax
-# (t5x.decoding.MIN_TEMPERATURE).
-_MIN_TEMPERATURE = 1e-4
-
-
-def check_greedy_params(fn_name: str, temperature: Any = 0.0, topk: Any = 1,
-                        topp: Any = 0.0,
-                        max_decode_steps: Optional[IntOrArray] = None,
-                        max_decode_steps_hard_limit: Optional[int] = None
-                        ) -> Optional[IntOrArray]:
-  """Checks T5X's sampling parameters given to a greedy-exact decode fn.
-
-  They are accepted where T5X's `temperature_sample` with the same values
-  would decode greedily: temperature at most 1e-4 (T5X's MIN_TEMPERATURE;
-  any topk / topp), or topk = 1 with topp = 0 (any temperature).
-
-  Returns:
-    `max_decode_steps` clipped to `max_decode_steps_hard_limit` where that is
-    set (> 0), as T5X's sampler does.
-
-  Raises:
-    ValueError: the values would sample (or are traced, so cannot be
-      checked), or `max_decode_steps_hard_limit` is not None or an integer.
-  """
-  for name, value in (('temperature', temperature), ('topk', topk),
-                      ('topp', topp)):
-    if not _is_concrete(value):
-      raise ValueError(f'{fn_name} needs a concrete {name} (it checks that '
-                       'it decodes greedily), got a traced value.')
-  hot = bool(np.any(np.asarray(temperature, np.float64) > _MIN_TEMPERATURE))
-  topk, topp = np.asarray(topk), np.asarray(topp, np.float64)
-  if hot and (np.any(topk != 1) or np.any(topp != 0)):
-    raise ValueError(
-        f'{fn_name} decodes greedily, token for token, but temperature='
-        f'{temperature}, topk={topk}, topp={topp} would sample. Sample with '
-        "T5X's decode fn (--gin.DECODING_FN=@t5x.decoding.temperature_sample "
-        'and bind t5x.decoding.temperature_sample.temperature / topk / topp),'
-        ' or leave temperature at 0 or topk at 1.')
-  limit = max_decode_steps_hard_limit
-  if limit is not None and (isinstance(limit, (bool, np.bool_)) or
-                            not isinstance(limit, (int, np.integer))):
-    raise ValueError('max_decode_steps_hard_limit must be None or an '
-                     f'integer, got {limit!r}.')
-  if limit is None or limit <= 0 or max_decode_steps is None:
-    return max_decode_steps
-  if isinstance(max_decode_steps, (int, np.integer)) and not isinstance(
-      max_decode_steps, (bool, np.bool_)):
-    return min(int(max_decode_steps), int(limit))
-  return jnp.minimum(max_decode_steps, limit)
 
 
 # ----------------------------------------------------------------------------
@@ -380,14 +160,15 @@ def greedy_decode(inputs: Array,
   max_decode_steps = check_greedy_params(
       'greedy_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
-  batch, length = _check_structure(inputs, num_decodes, cache_offset, cache)
+  batch, length = decode_args.check_structure(inputs, num_decodes,
+                                              cache_offset, cache)
   logits_shape = jax.eval_shape(tokens_to_logits, DecodingState(
       cur_index=jax.ShapeDtypeStruct((batch,), jnp.int32),
       sequences=jax.ShapeDtypeStruct((batch, length), jnp.int32),
       cur_token=jax.ShapeDtypeStruct((batch, 1), jnp.int32),
-      cache=_shape_of(cache)))[0]
-  checked = _validate(inputs, initial_index, max_decode_steps, eos_id,
-                      vocab_size=logits_shape.shape[-1])
+      cache=decode_args.shape_of(cache)))[0]
+  checked = decode_args.validate(inputs, initial_index, max_decode_steps,
+                                 eos_id, vocab_size=logits_shape.shape[-1])
   initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = _first_tokens(inputs, initial_index)
 
@@ -633,7 +414,8 @@ def speed_decode(inputs: Array,
         'speed_decode needs pipeline_step_fn and initial_carry: the model '
         'must have shared exits (e.g. t5x_speed.models.SpeedDecoderOnlyModel). '
         'Use greedy_decode or temperature_sample for other models.')
-  batch, length = _check_structure(inputs, num_decodes, cache_offset, cache)
+  batch, length = decode_args.check_structure(inputs, num_decodes,
+                                              cache_offset, cache)
   carry_shape = getattr(initial_carry, 'shape', ())
   if len(carry_shape) != 3 or carry_shape[0] != batch:
     raise ValueError(f'initial_carry must be [batch={batch}, R-1, width] for '
@@ -642,8 +424,9 @@ def speed_decode(inputs: Array,
   try:
     logits_shape, hidden_shape, _ = jax.eval_shape(
         pipeline_step_fn, jax.ShapeDtypeStruct((batch,), jnp.int32),
-        _shape_of(initial_carry),
-        jax.ShapeDtypeStruct((batch, stages), jnp.int32), _shape_of(cache))
+        decode_args.shape_of(initial_carry),
+        jax.ShapeDtypeStruct((batch, stages), jnp.int32),
+        decode_args.shape_of(cache))
   except (TypeError, ValueError, IndexError) as e:
     raise ValueError(
         f'pipeline_step_fn fails on initial_carry of shape {carry_shape} '
@@ -660,8 +443,8 @@ def speed_decode(inputs: Array,
         f'[batch, R-1={hidden_shape.shape[1] - 1}, '
         f'width={hidden_shape.shape[-1]}].')
   initial_carry = jnp.asarray(initial_carry, hidden_shape.dtype)
-  checked = _validate(inputs, initial_index, max_decode_steps, eos_id,
-                      vocab_size=logits_shape.shape[-1])
+  checked = decode_args.validate(inputs, initial_index, max_decode_steps,
+                                 eos_id, vocab_size=logits_shape.shape[-1])
   initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = _first_tokens(inputs, initial_index)
   rows = jnp.arange(batch)

@@ -5,6 +5,7 @@ traced ones (inside `jit`, as T5X runs decode fns) cannot raise, so the
 example is flagged invalid (no tokens, NaN score) and every loop still ends.
 """
 
+import doctest
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import inference
 from helpers import tiny_model
@@ -57,6 +59,14 @@ def decode_fns(stages=R, width=1, **kwargs):
                                   k.pop('eos_id', 1), **k)
 
   return {'greedy': greedy, 'speed': speed}
+
+
+class DocstringTest(absltest.TestCase):
+
+  def test_decode_args_example(self):
+    result = doctest.testmod(decode_args)
+    self.assertGreater(result.attempted, 0)
+    self.assertEqual(result.failed, 0)
 
 
 class TerminationTest(parameterized.TestCase):
