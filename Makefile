@@ -16,7 +16,7 @@ T5X_STAMP := $(VENV)/.t5x-installed
 T5X_REQUIREMENTS := fiddle==0.3.1 chex jaxtyping cached_property tensorstore \
 	grain==0.2.12 pyglove editdistance
 
-.PHONY: install install-t5x test demo bench fuzz clean
+.PHONY: install install-t5x kernel test demo bench fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 	# tensorflow-text names `tensorflow`; tensorflow-cpu provides it.
 	$(BIN)/python -m pip install -q --no-deps tensorflow-text==2.21.1 seqio==0.0.20
 	touch $(STAMP)
+
+# The few-row matmul kernel (t5x_speed/csrc/rowmatmul.cc), built with the
+# system C++ compiler into t5x_speed/_build. Never fails: without a compiler
+# it says so once and the package uses XLA's dot.
+kernel: install
+	$(BIN)/python -m t5x_speed.rowmatmul --build
 
 install: $(STAMP)
 
@@ -43,19 +49,19 @@ install-t5x: $(T5X_STAMP)
 
 # pytest runs from tests/, where the tests and their helpers live. With
 # T5X_WHEELS set, T5X_SPEED_REQUIRE_ALL_TESTS makes any skip an error.
-test: install $(if $(T5X_WHEELS),install-t5x)
+test: install kernel $(if $(T5X_WHEELS),install-t5x)
 	cd tests && $(if $(T5X_WHEELS),T5X_SPEED_REQUIRE_ALL_TESTS=1) \
 	  ../$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-demo: install
+demo: install kernel
 	$(BIN)/python -m t5x_speed.demo $(DEMO_ARGS)
 
-bench: install
+bench: install kernel
 	$(BIN)/python -m t5x_speed.bench $(BENCH_ARGS)
 
 # The exactness fuzz (README): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
-fuzz: install
+fuzz: install kernel
 	$(BIN)/python -m t5x_speed.fuzz $(FUZZ_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info t5x_speed/_build

@@ -11,7 +11,7 @@ predictions, flushes per step) is recorded, and the Base-width model then
 runs the full computation and control logic of every step with each exit's
 argmax forced to the recorded prediction. The Base model thus takes exactly
 the recorded loop steps and flushes; greedy runs are forced to the same
-tokens. Methods (all float32, same prompts, interleaved, medians):
+tokens. Methods (all in --dtype, same prompts, interleaved, medians):
 
   greedy        greedy_decode on the GxR shared model (full depth per token)
   speed         speed_decode on the GxR shared model
@@ -19,11 +19,17 @@ tokens. Methods (all float32, same prompts, interleaved, medians):
   greedy_g      greedy on the unshared G-layer model (one repetition)
   greedy_12l    greedy on the unshared 12-layer model
   t5x_sample    T5X's decoding.temperature_sample (topk=1), when T5X exists
+  *_xla         with --xla_baseline: greedy, speed, greedy_g and greedy_12l
+                traced with XLA's dot instead of the few-row kernel
 
 Bytes read per token (weights, plus each virtual layer's KV cache over the
 cache length) divided by a measured memory bandwidth show how close each
-method is to the memory-bandwidth limit; the probe is one jitted reduction,
-so the share can exceed 100% where a method reads faster than it. Times are
+method is to the memory-bandwidth limit; the bandwidth is the faster of a
+jitted reduction and a STREAM-like copy (read + write bytes), so the share
+can exceed 100% only where a method reads faster than both.
+
+Decode-step matmuls use the few-row kernel (`t5x_speed.rowmatmul`) when it
+is built; run with T5X_SPEED_KERNEL=0 for XLA's dot (the JSON records which). Times are
 end to end per batch (prefill included, the same for every method).
 
 What the replay cannot show: exactness at Base width (every method is forced
@@ -34,6 +40,7 @@ it). The demo task's outputs are 20-90 bytes, shorter than summaries.
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -52,6 +59,7 @@ from t5x_speed import decoding
 from t5x_speed import demo_model
 from t5x_speed import inference
 from t5x_speed import network
+from t5x_speed import rowmatmul
 
 LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
 FORCE = 1e9
@@ -82,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
                  help='K of the speed_short method; 0 leaves it out.')
   p.add_argument('--out', default='bench_out',
                  help='directory bench.json and bench.md are written to.')
+  p.add_argument('--dtype', default='float32',
+                 choices=('float32', 'bfloat16'),
+                 help='activations and weights of the Base-width models '
+                 '(bfloat16: weights cast to bf16 once, logits in f32).')
+  p.add_argument('--replay_steps', type=int, default=600,
+                 help='training steps of the demo models whose schedules are '
+                 'replayed; fewer steps leave the exits less consistent '
+                 '(e.g. 150 gives flip rates near the paper\'s 6-17%%).')
+  p.add_argument('--xla_baseline', action='store_true',
+                 help='also time greedy, speed, greedy_g and greedy_12l with '
+                 'XLA\'s dot (the few-row kernel off), side by side.')
   p.add_argument('--demo_out', default='demo_out',
                  help='where the demo models are saved / trained.')
   p.add_argument('--quick', action='store_true',
@@ -96,7 +115,7 @@ def _flags(argv):
 
 
 def memory_bandwidth() -> float:
-  """Bytes per second of a jitted reduction over 512 MiB (median of 5)."""
+  """Bytes per second of a jitted reduction over 512 MiB (best of 5)."""
   x = jnp.ones((128 * 1024 * 1024,), jnp.float32)
   f = jax.jit(jnp.sum)
   f(x).block_until_ready()
@@ -105,13 +124,27 @@ def memory_bandwidth() -> float:
     start = time.perf_counter()
     f(x).block_until_ready()
     times.append(time.perf_counter() - start)
-  return x.nbytes / float(np.median(times))
+  return x.nbytes / float(np.min(times))
 
 
-def demo_schedule_source(repeats: int, demo_out: str):
+def copy_bandwidth() -> float:
+  """STREAM-like copy of 256 MiB into a preallocated array, bytes read +
+  written per second (best of 5; NumPy, one thread)."""
+  a = np.ones(64 * 1024 * 1024, np.float32)
+  b = np.empty_like(a)
+  np.copyto(b, a)
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    np.copyto(b, a)
+    times.append(time.perf_counter() - start)
+  return 2 * a.nbytes / float(np.min(times))
+
+
+def demo_schedule_source(repeats: int, demo_out: str, steps: int = 600):
   """(module, params) of the trained demo model with `repeats` stages."""
   settings = demo_model.DemoSettings(num_unique_layers=max(6 // repeats, 1),
-                                     num_repeats=repeats)
+                                     num_repeats=repeats, steps=steps)
   params, _ = demo_model.load_or_train(settings, demo_out)
   return network.SpeedTransformer(settings.config()), params
 
@@ -195,18 +228,22 @@ def _decoder(method: str, module, speculative_vocab: int):
 
 
 def _init(config):
+  """The module and its parameters, stored in the activation dtype (bf16
+  weights are cast once here, as for serving, not in every step)."""
   module = network.SpeedTransformer(config)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = jax.jit(lambda: module.init(jax.random.PRNGKey(0), tokens, tokens,
                                        enable_dropout=False)['params'])()
+  params = jax.tree.map(lambda x: x.astype(config.dtype), params)
   return module, params
 
 
 def _layer_and_classifier_bytes(config) -> Dict[str, float]:
   e, f, h = config.emb_dim, config.mlp_dim, config.num_heads * config.head_dim
-  layer = 4 * (4 * e * h + (len(config.mlp_activations) + 1) * e * f)
-  return {'layer': layer, 'classifier': 4 * config.vocab_size * e,
-          'kv_per_position': 4 * 2 * h}  # one virtual layer's key + value
+  size = jnp.dtype(config.dtype).itemsize
+  layer = size * (4 * e * h + (len(config.mlp_activations) + 1) * e * f)
+  return {'layer': layer, 'classifier': size * config.vocab_size * e,
+          'kv_per_position': size * 2 * h}  # one virtual layer's key + value
 
 
 def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
@@ -214,13 +251,13 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
   """Times every method on PROMPTS held-out prompts in batches of `batch`."""
   if PROMPTS % batch:
     raise ValueError(f'batch size {batch} must divide {PROMPTS}.')
-  source = demo_schedule_source(r, args.demo_out)
+  source = demo_schedule_source(r, args.demo_out, args.replay_steps)
   low, high = LENGTHS[length]
   prompts, lengths, _ = demo_model.held_out(PROMPTS, split='test',
                                             min_numbers=low, max_numbers=high)
   recs = [record(source, prompts[i:i + batch], lengths[i:i + batch])
           for i in range(0, PROMPTS, batch)]
-  base = dict(dtype='float32')
+  base = dict(dtype=args.dtype)
   shared_cfg = network.TransformerConfig(num_unique_layers=g, num_repeats=r,
                                          **base)
   configs = {'greedy': shared_cfg, 'speed': shared_cfg}
@@ -237,18 +274,26 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
     pass
   if args.quick:
     configs = {k: configs[k] for k in ('greedy', 'speed')}
+  if args.xla_baseline and rowmatmul.available():
+    for method in ('greedy', 'speed', 'greedy_g', 'greedy_12l'):
+      if method in configs:
+        configs[method + '_xla'] = configs[method]
   runs = {}
   for method, cfg in configs.items():
     key = (cfg.num_unique_layers, cfg.num_repeats)
     if key not in models:
       models[key] = _init(cfg)
     module, params = models[key]
-    fn = _decoder(method, module, args.speculative_vocab)
+    xla = method.endswith('_xla')
+    fn = _decoder(method[:-4] if xla else method, module,
+                  args.speculative_vocab)
     runs[method] = [functools.partial(
         fn, params, *(jnp.asarray(rec[k]) for k in (
             'prompts', 'lengths', 'by_position', 'predictions')))
                     for rec in recs]
-    jax.block_until_ready(runs[method][0]())        # compile and warm up
+    # Compile and warm up; the matmul path is fixed when tracing.
+    with rowmatmul.xla_scope() if xla else contextlib.nullcontext():
+      jax.block_until_ready(runs[method][0]())
   times = {m: [] for m in configs}
   outputs = {}
   for _ in range(args.repeats):
@@ -268,7 +313,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
     cache_length = prompts.shape[1] + 1 + demo_model.LENGTHS['targets']
     kv_bytes = (batch * cfg.num_layers * sizes['kv_per_position'] *
                 cache_length)                      # every layer, every row
-    if method.startswith('speed'):
+    base_method = method[:-4] if method.endswith('_xla') else method
+    if base_method.startswith('speed'):
       stats = [res[1] for res in results]
       steps = sum(int(np.asarray(st.num_steps).max()) for st in stats)
       steps_per_token = sum(float(np.asarray(st.num_steps).sum())
@@ -277,7 +323,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
       assert flushes == recorded_flushes, 'replay diverged from the recording'
       classifier = sizes['classifier'] * (
           1 + args.speculative_vocab / cfg.vocab_size
-          if method == 'speed_short' else 1)
+          if base_method == 'speed_short' else 1)
       weight_bytes = cfg.num_unique_layers * sizes['layer'] + classifier
     else:
       steps = sum(int(rec['row_tokens'].max()) for rec in recs)
@@ -292,26 +338,34 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
         'replay_consistent': identical,
         'loop_steps': steps, 'steps_per_token': steps_per_token,
         'rows_free_ideal_speedup': (r / steps_per_token
-                                    if method.startswith('speed') else None),
+                                    if base_method.startswith('speed')
+                                    else None),
         'weight_bytes_per_token': weight_bytes_per_token,
         'bytes_per_token': bytes_per_token,
         'bandwidth_bound_fraction': bytes_per_token / bandwidth /
                                     (seconds / tokens),
     }
-  for row in rows.values():
-    row['vs_greedy_same_model'] = row['tokens_per_second'] / rows['greedy'][
-        'tokens_per_second']
-    row['bytes_ideal_speedup'] = (rows['greedy']['bytes_per_token'] /
+  for method, row in rows.items():
+    # Ratios within one matmul path: *_xla rows against the *_xla baselines.
+    suffix = '_xla' if method.endswith('_xla') else ''
+    greedy = rows['greedy' + suffix]
+    row['vs_greedy_same_model'] = (row['tokens_per_second'] /
+                                   greedy['tokens_per_second'])
+    row['bytes_ideal_speedup'] = (greedy['bytes_per_token'] /
                                   row['bytes_per_token'])
-    if 'greedy_g' in rows:
+    if 'greedy_g' + suffix in rows:
       row['vs_unshared_g_layers'] = row['tokens_per_second'] / rows[
-          'greedy_g']['tokens_per_second']
+          'greedy_g' + suffix]['tokens_per_second']
   flips = {}
   for key in recs[0]['summary']:
     if key.startswith('flip_rate'):
       flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
   return {'config': f'{g}x{r}', 'batch': batch, 'length': length,
-          'replay': {'flushes': recorded_flushes, 'tokens': tokens,
+          'dtype': args.dtype,
+          'replay': {'source': 'replayed exits of a demo model with '
+                               f'{max(6 // r, 1)}x{r} layers trained '
+                               f'{args.replay_steps} steps',
+                     'flushes': recorded_flushes, 'tokens': tokens,
                      'steps_per_token': sum(
                          rec['summary']['example_steps'] for rec in recs) /
                                         tokens,
@@ -328,8 +382,13 @@ def _ratio(value: Optional[float]) -> str:
 def _markdown(results: List[Dict], meta: Dict) -> str:
   lines = [f'Machine: {meta["machine"]}; JAX {meta["jax"]} on '
            f'{meta["backend"]}; measured memory bandwidth '
-           f'{meta["bandwidth_gb_s"]:.1f} GB/s; float32; exits: replay of '
-           'trained demo models (see bench.py); end-to-end time per batch, '
+           f'{meta["bandwidth_gb_s"]:.1f} GB/s (reduction)'
+           + (f', {meta["copy_gb_s"]:.1f} GB/s (copy, r+w)'
+              if 'copy_gb_s' in meta else '') + '; '
+           f'{meta.get("dtype", "float32")}; few-row kernel '
+           f'{meta.get("kernel", "?")}; exits: replay of '
+           f'demo models trained {meta.get("replay_steps", 600)} steps (see '
+           'bench.py); end-to-end time per batch, '
            f'{PROMPTS} prompts per row group. rows-free ideal = R / steps per '
            'token; bytes ideal = greedy\'s bytes per token / the method\'s '
            '(weights + KV cache); bandwidth-bound = time those bytes take at '
@@ -363,24 +422,43 @@ def _markdown(results: List[Dict], meta: Dict) -> str:
   return '\n'.join(lines)
 
 
+def _cpu_model() -> str:
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
 def main(argv=None):
   args = _flags(sys.argv[1:] if argv is None else argv)
   if args.quick:
     args.configs, args.batch_sizes, args.lengths = '4x3', '1', 'short'
   os.makedirs(args.out, exist_ok=True)
   bandwidth = memory_bandwidth()
-  meta = {'machine': f'{platform.processor() or platform.machine()}, '
-                     f'{os.cpu_count()} cores',
+  copy = copy_bandwidth()
+  kernel = rowmatmul.available()
+  meta = {'machine': f'{_cpu_model()}, {os.cpu_count()} cores',
           'jax': jax.__version__, 'backend': jax.default_backend(),
-          'bandwidth_gb_s': bandwidth / 1e9}
-  print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s. Exits are '
-        'replayed from trained demo models (see --help).')
+          'dtype': args.dtype,
+          'bandwidth_gb_s': bandwidth / 1e9, 'copy_gb_s': copy / 1e9,
+          'kernel': (rowmatmul._load() if kernel else 'off (XLA dot)'),  # pylint: disable=protected-access
+          'replay_steps': args.replay_steps}
+  print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s (reduction), '
+        f'{copy / 1e9:.1f} GB/s (copy, read + write). Few-row kernel: '
+        f'{meta["kernel"]}. Exits are replayed from trained demo models (see '
+        '--help).')
   results, models = [], {}
   for text in args.configs.split(','):
     g, r = demo_model.parse_gxr(text)
     for batch in (int(b) for b in args.batch_sizes.split(',')):
       for length in args.lengths.split(','):
-        res = bench_case(g, r, batch, length, args, bandwidth, models)
+        # The bound uses the faster probe, so the share is not flattered.
+        res = bench_case(g, r, batch, length, args, max(bandwidth, copy),
+                         models)
         results.append(res)
         m = res['methods']
         print(f'{text} batch {batch} {length}: ' + ', '.join(

@@ -7,15 +7,21 @@
    (or reloads it from --out when trained before with the same settings);
 3. decodes held-out prompts one at a time with greedy and SPEED on that model,
    and greedy on the G-layer model of the same width (its first repetition);
-4. prints tokens/s, SPEED's speedup, whether outputs are identical, task
+4. replays that SPEED schedule on a wide GxR model (--replay_width, default
+   768, T5-Base's; random weights, each exit's argmax forced to the trained
+   model's, as `t5x_speed.bench` does) and decodes it with greedy and SPEED:
+   at that width decoding is dominated by weight reads, which is what SPEED
+   saves, while the width-64 model is dominated by per-op overheads;
+5. prints tokens/s, SPEED's speedup, whether outputs are identical, task
    accuracy, per-stage flip rates, loop steps per token and pipeline occupancy;
-5. writes consistency.png (per-exit prediction consistency, as the paper's
+6. writes consistency.png (per-exit prediction consistency, as the paper's
    Figure 4), latency.png and results.json to --out.
 
 No T5X, GPU or download is needed.
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -25,6 +31,7 @@ from typing import Dict, List
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
 import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import demo_model
@@ -53,6 +60,11 @@ def _flags(argv):
                       help='train even if --out holds a trained model.')
   parser.add_argument('--prompts', type=int, default=40,
                       help='held-out prompts decoded at batch 1 (default 40).')
+  parser.add_argument('--replay_width', type=int, default=768,
+                      help='width of the replayed wide model (a multiple of '
+                      '64; 0 skips the replay; default 768).')
+  parser.add_argument('--replay_prompts', type=int, default=16,
+                      help='held-out prompts replayed at batch 1 (default 16).')
   parser.add_argument('--repeats', type=int, default=3,
                       help='timed passes over the prompts per method; the '
                       'median is reported (default 3).')
@@ -70,6 +82,49 @@ def _decode_all(module, params, prompts, lengths, method, max_steps):
     jax.block_until_ready(out.tokens)
     outputs.append(out)
   return outputs, time.perf_counter() - start
+
+
+def replay_wide(settings: demo_model.DemoSettings, params, width: int,
+                num_prompts: int, repeats: int) -> Dict:
+  """Greedy and SPEED on a width-`width` GxR model replaying `params`' SPEED
+  schedule (batch 1): the same loop steps, flushes and tokens."""
+  from t5x_speed import bench  # pylint: disable=g-import-not-at-top
+  source = (network.SpeedTransformer(settings.config()), params)
+  prompts, lengths, _ = demo_model.held_out(num_prompts)
+  recs = [bench.record(source, prompts[i:i + 1], lengths[i:i + 1])
+          for i in range(len(prompts))]
+  cfg = network.TransformerConfig(
+      vocab_size=demo_model.VOCAB_SIZE, emb_dim=width,
+      num_heads=max(width // 64, 1), head_dim=min(64, width),
+      mlp_dim=width * 8 // 3 // 64 * 64 or width,
+      num_unique_layers=settings.num_unique_layers,
+      num_repeats=settings.num_repeats, dtype='float32')
+  module, wide_params = bench._init(cfg)  # pylint: disable=protected-access
+  runs = {}
+  for method in ('greedy', 'speed'):
+    fn = bench._decoder(method, module, 0)  # pylint: disable=protected-access
+    runs[method] = [functools.partial(fn, wide_params, *(jnp.asarray(rec[k])
+                                                         for k in (
+        'prompts', 'lengths', 'by_position', 'predictions'))) for rec in recs]
+    jax.block_until_ready(runs[method][0]())  # compile and warm up
+  seconds = {m: [] for m in runs}
+  outputs = {}
+  for _ in range(repeats):
+    for method, calls in runs.items():
+      start = time.perf_counter()
+      outputs[method] = [jax.block_until_ready(call()) for call in calls]
+      seconds[method].append(time.perf_counter() - start)
+  tokens = sum(rec['tokens'] for rec in recs)
+  out = {'width': width, 'prompts': len(recs), 'tokens': tokens,
+         'identical': all(np.array_equal(a[0], b[0]) for a, b in
+                          zip(outputs['speed'], outputs['greedy']))}
+  for method, times in seconds.items():
+    best = float(np.min(times))
+    out[method] = {'seconds': best, 'tokens_per_second': tokens / best,
+                   'ms_per_token': 1e3 * best / tokens}
+  out['speedup'] = (out['speed']['tokens_per_second'] /
+                    out['greedy']['tokens_per_second'])
+  return out
 
 
 def _text(tokens: np.ndarray, vocab) -> str:
@@ -143,6 +198,11 @@ def run(args) -> Dict:
   results['examples'] = [
       {'target': t, 'speed': s} for t, s in
       zip(targets[:3], texts['speed'][:3])]
+  if args.replay_width:
+    print(f'\nReplaying the SPEED schedule on a width-{args.replay_width} '
+          f'{g}x{r} model ({args.replay_prompts} prompts, batch 1)...')
+    results['replay'] = replay_wide(settings, params, args.replay_width,
+                                    args.replay_prompts, args.repeats)
   return results
 
 
@@ -163,6 +223,17 @@ def _report(results: Dict, out_dir: str):
   print(f'\nSPEED speedup over greedy on the same model: '
         f'{results["speedup"]:.2f}x')
   print(f'outputs identical to greedy: {results["identical"]}')
+  rp = results.get('replay')
+  if rp:
+    print(f'\nWidth-{rp["width"]} {g}x{r} model, replaying the schedule above '
+          f'(random weights, exits forced to the trained model\'s; '
+          f'{rp["tokens"]} tokens):')
+    for name in ('greedy', 'speed'):
+      print(f'{name + ", wide replay":28s} '
+            f'{rp[name]["tokens_per_second"]:9.1f} '
+            f'{rp[name]["ms_per_token"]:9.2f}')
+    print(f'SPEED speedup over greedy on the wide model: {rp["speedup"]:.2f}x; '
+          f'outputs identical: {rp["identical"]}')
   # Without flushes each prompt takes tokens + R - 1 steps (pipeline fill).
   floor = (st['tokens'] + (r - 1) * results['prompts']) / st['tokens']
   print(f'loop steps: {st["loop_steps"]:.0f} for {st["tokens"]:.0f} tokens '
@@ -226,7 +297,8 @@ def main(argv=None):
   args = _flags(sys.argv[1:] if argv is None else argv)
   results = run(args)
   _report(results, args.out)
-  if not results['identical']:
+  if not results['identical'] or not results.get('replay', {}).get(
+      'identical', True):
     print('ERROR: SPEED and greedy outputs differ.', file=sys.stderr)
     return 1
   return 0

@@ -18,6 +18,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import rowmatmul
+
 Array = jax.Array
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
@@ -30,20 +32,28 @@ default_kernel_init = nn.initializers.variance_scaling(
 attention_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
 
 
-# XLA:CPU runs a one-row matmul as a GEMV at memory speed, but a matmul of a
-# few rows through a library GEMM that packs the weights first: about twice
-# the time of one row at T5-Base width, and several times a GEMV's fixed cost
-# at small width. When the weights fit in the last-level cache, one GEMV per
-# row reads them from memory once and from cache after. Each row's result is
-# then also bit-identical to the one-row (greedy) computation.
+# Decode steps multiply a few token rows by every weight matrix. XLA:CPU runs
+# one row as a memory-speed GEMV but a few rows through a GEMM that packs the
+# weights first (about twice one row's time at T5-Base width). Inside a decode
+# step (`rowmatmul.decode_scope`), up to `rowmatmul.MAX_ROWS` rows go to the
+# row-independent few-row kernel: every weight is read once for all rows, and
+# each row's result is bit-identical to the one-row (greedy) computation.
+#
+# Without the kernel (no compiler, T5X_SPEED_KERNEL=0), the old workaround
+# stays: one GEMV per row for up to 4 rows when the weights fit in the
+# last-level cache, so they are read from memory once and from cache after.
 _MATVEC_MAX_ROWS = 4
 _MATVEC_MAX_KERNEL_ELEMENTS = 4 * 1024 * 1024  # 16 MiB of float32
+
+
+def _use_kernel(rows: int) -> bool:
+  return rowmatmul.in_decode_scope() and rowmatmul.use_kernel(rows)
 
 
 def _use_row_matvecs(rows: int, kernel_size: int) -> bool:
   return (1 < rows <= _MATVEC_MAX_ROWS and
           kernel_size <= _MATVEC_MAX_KERNEL_ELEMENTS and
-          jax.default_backend() == 'cpu')
+          jax.default_backend() == 'cpu' and not rowmatmul.available())
 
 
 def _per_row(x: Array, batch_ndim: int, row_fn) -> Array:
@@ -75,11 +85,17 @@ class Dense(nn.Module):
         'kernel', self.kernel_init,
         (int(np.prod(in_shape)), int(np.prod(features))), jnp.float32,
         axes=self.kernel_axes)
-    kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
     x = jnp.asarray(x, self.dtype)
     batch_ndim = x.ndim - self.num_in_axes
+    batch_shape = x.shape[:batch_ndim]
+    if _use_kernel(int(np.prod(batch_shape))):
+      # The kernel reads the stored 2-D layout directly.
+      flat = x.reshape(batch_shape + (kernel.shape[0],))
+      out = rowmatmul.matmul(flat, jnp.asarray(kernel, self.dtype))
+      return out.reshape(batch_shape + features)
+    kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
     k_axes = tuple(range(self.num_in_axes))
-    if _use_row_matvecs(int(np.prod(x.shape[:batch_ndim])), kernel.size):
+    if _use_row_matvecs(int(np.prod(batch_shape)), kernel.size):
       return _per_row(x, batch_ndim, lambda row: lax.dot_general(
           row, kernel, ((k_axes, k_axes), ((), ()))))
     contract = tuple(range(batch_ndim, x.ndim))
@@ -150,8 +166,14 @@ class Embed(nn.Module):
   def attend(self, query: Array, vocab_limit: Optional[int] = None) -> Array:
     """Scores `query` [..., features] against the rows, in float32.
 
-    `vocab_limit` scores only the first `vocab_limit` rows.
+    `vocab_limit` scores only the first `vocab_limit` rows. In a decode step
+    the kernel reads the table as stored (bf16 or f32) without a converted
+    copy; the arithmetic is float32 either way.
     """
+    query = jnp.asarray(query, jnp.float32)
+    if _use_kernel(int(np.prod(query.shape[:-1]))):
+      return rowmatmul.matmul(query, self.embedding, transpose_w=True,
+                              cols=vocab_limit)
     table = jnp.asarray(self.embedding, jnp.float32)
     if vocab_limit is not None:
       table = table[:vocab_limit]

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import layers
+from t5x_speed import rowmatmul
 from t5x_speed.config import SharingOrder, TransformerConfig  # pylint: disable=unused-import
 
 Array = jax.Array
@@ -445,8 +446,12 @@ class SpeedTransformer(nn.Module):
   def prefill(self, *args, **kwargs):
     return self.decoder.prefill(*args, **kwargs)
 
+  # Decode steps trace their weight matmuls in `rowmatmul.decode_scope`, so
+  # few rows go to the row-independent kernel on CPU (see layers.py).
   def decode_step(self, *args, **kwargs):
-    return self.decoder.decode_step(*args, **kwargs)
+    with rowmatmul.decode_scope():
+      return self.decoder.decode_step(*args, **kwargs)
 
   def speed_step(self, *args, **kwargs):
-    return self.decoder.speed_step(*args, **kwargs)
+    with rowmatmul.decode_scope():
+      return self.decoder.speed_step(*args, **kwargs)

@@ -51,7 +51,7 @@ class FlagsTest(absltest.TestCase):
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 8)
+    self.assertLen(flags, 11)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
@@ -68,7 +68,7 @@ class FlagsTest(absltest.TestCase):
     for flag in ('--configs', '--batch_sizes', '--lengths', '--repeats',
                  '--speculative_vocab', '--out', '--demo_out', '--quick'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 8)
+    self.assertEqual(text.count('(default: '), 11)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 

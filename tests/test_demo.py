@@ -75,7 +75,8 @@ class DemoModelTest(absltest.TestCase):
   def test_demo_main_job_runs(self):
     out = tempfile.mkdtemp()
     code = demo.main(['--width', '16', '--steps', '4', '--prompts', '2',
-                      '--repeats', '1', '--out', out])
+                      '--repeats', '1', '--replay_width', '32',
+                      '--replay_prompts', '2', '--out', out])
     self.assertEqual(code, 0)
     for name in ('consistency.png', 'latency.png', 'results.json'):
       self.assertTrue(os.path.exists(os.path.join(out, name)), name)
@@ -83,6 +84,9 @@ class DemoModelTest(absltest.TestCase):
       results = json.load(f)
     self.assertTrue(results['identical'])
     self.assertEqual(results['speed']['tokens'], results['greedy']['tokens'])
+    self.assertTrue(results['replay']['identical'])
+    self.assertEqual(results['replay']['width'], 32)
+    self.assertGreater(results['replay']['speedup'], 0)
     self.assertLen(results['consistency']['agrees_with_final'], 3)
     self.assertAlmostEqual(results['consistency']['agrees_with_final'][-1],
                            1.0)

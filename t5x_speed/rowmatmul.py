@@ -1,0 +1,350 @@
+"""Few-row matmuls at memory speed on CPU: a C++ kernel behind `jax.ffi`.
+
+A decode step multiplies a few token rows by every weight matrix. XLA:CPU
+runs one row as a memory-speed GEMV but several rows through a GEMM that
+packs the weights first (about 2x one row for 3 rows at T5-Base width), which
+defeats SPEED's premise that R rows cost about one weight read. The kernel in
+`csrc/rowmatmul.cc` streams each weight once for all rows (register-held
+accumulators, AVX-512 / AVX2+FMA / portable, both cores), and computes every
+row with the same arithmetic whatever the number of rows, so a token's
+logits are bit-identical in greedy (1 row) and SPEED (R rows).
+
+The kernel is compiled on first use with the system C++ compiler into a cache
+keyed by the source, jaxlib version, compiler and CPU (`python -m
+t5x_speed.rowmatmul --build` does it ahead of time). Without a compiler, on a
+non-CPU backend, or with T5X_SPEED_KERNEL=0, `matmul` is XLA's dot; a missing
+compiler or T5X_SPEED_KERNEL=0 is logged once per process.
+
+`t5x_speed.layers` sends a decode step's weight matmuls here (those traced in
+`decode_scope`, see `network.SpeedTransformer`); full-sequence passes
+(training, prefill) keep XLA's dot whatever their row count.
+
+Example:
+  >>> x, w = jnp.ones((3, 768)), jnp.ones((768, 2048))
+  >>> matmul(x, w).shape      # x @ w, by the kernel for <= MAX_ROWS rows
+  (3, 2048)
+  >>> matmul(x, jnp.ones((32128, 768)), transpose_w=True).shape  # x @ w.T
+  (3, 32128)
+"""
+
+import contextlib
+import contextvars
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from typing import Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+Array = jax.Array
+
+ENV_SWITCH = 'T5X_SPEED_KERNEL'  # '0' disables the kernel (A/B measurement)
+# Rows up to which decode-step matmuls use the kernel. Measured at T5-Base
+# width on 2 cores (see README): the kernel beats XLA's GEMM at every row
+# count up to 64 in bf16 and f32, with the gap closing as rows grow; above
+# that, training and prefill shapes keep XLA's dot untouched (T5X parity).
+# 64 covers SPEED's batch*R rows of the bench (16 x 3 = 48).
+MAX_ROWS = 64
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc',
+                       'rowmatmul.cc')
+_TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
+_SYMBOLS = {False: 'T5xSpeedRowMatmul', True: 'T5xSpeedRowMatmulNT'}
+_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+_CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
+              '-fno-math-errno')
+
+_log = logging.getLogger(__name__)
+
+
+def _compiler() -> Optional[list]:
+  """The C++ compiler command ($CXX, else g++ or c++ on PATH), or None."""
+  if os.environ.get('CXX'):
+    return shlex.split(os.environ['CXX'])
+  found = shutil.which('g++') or shutil.which('c++')
+  return [found] if found else None
+
+
+def _cpu_signature() -> str:
+  """The CPU's feature flags: a -march=native build is only valid on them."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith(('flags', 'Features')):
+          return line
+  except OSError:
+    pass
+  import platform  # pylint: disable=g-import-not-at-top
+  return platform.processor() + platform.machine()
+
+
+def _build_key(cxx: list) -> str:
+  """Hash of everything the binary depends on.
+
+  Raises:
+    RuntimeError: the compiler cannot be run.
+  """
+  try:
+    version = subprocess.run([*cxx, '--version'], capture_output=True,
+                             text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError) as e:
+    raise RuntimeError(f'cannot run the C++ compiler {shlex.join(cxx)!r}: '
+                       f'{e}') from None
+  digest = hashlib.sha256()
+  for part in (open(_SOURCE, 'rb').read(), jaxlib.__version__.encode(),
+               version.encode(), _cpu_signature().encode(),
+               ' '.join(_CXX_FLAGS).encode()):
+    digest.update(part)
+    digest.update(b'\0')
+  return digest.hexdigest()[:16]
+
+
+def _cache_dir() -> str:
+  """The package's _build dir if writable, else ~/.cache/t5x_speed."""
+  package = os.path.join(os.path.dirname(_SOURCE), os.pardir, '_build')
+  try:
+    os.makedirs(package, exist_ok=True)
+    if os.access(package, os.W_OK):
+      # Keep build products out of version control in a source checkout.
+      ignore = os.path.join(package, '.gitignore')
+      if not os.path.exists(ignore):
+        with open(ignore, 'w') as f:
+          f.write('*\n')
+      return os.path.abspath(package)
+  except OSError:
+    pass
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache')
+  path = os.path.join(base, 't5x_speed')
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
+def build(verbose: bool = False) -> str:
+  """Compiles the kernel if its cached binary is missing; returns its path.
+
+  Concurrent processes serialise on a lock file, and the binary appears by
+  atomic rename, so no process ever loads a half-written library.
+
+  Raises:
+    RuntimeError: no C++ compiler, or the compilation failed.
+  """
+  cxx = _compiler()
+  if cxx is None:
+    raise RuntimeError('no C++ compiler found (set CXX or install g++)')
+  cache = _cache_dir()
+  path = os.path.join(cache, f'rowmatmul-{_build_key(cxx)}.so')
+  if os.path.exists(path):
+    return path
+  with open(os.path.join(cache, '.build.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if os.path.exists(path):  # built by another process meanwhile
+      return path
+    fd, tmp = tempfile.mkstemp(suffix='.so', dir=cache)
+    os.close(fd)
+    cmd = [*cxx, *_CXX_FLAGS, '-isystem', jax.ffi.include_dir(), _SOURCE,
+           '-o', tmp]
+    if verbose:
+      print(' '.join(cmd), file=sys.stderr)
+    try:
+      result = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+      os.unlink(tmp)
+      raise RuntimeError(f'cannot run {cmd[0]!r}: {e}') from None
+    if result.returncode != 0:
+      os.unlink(tmp)
+      raise RuntimeError(f'compiling {_SOURCE} failed:\n{result.stderr[-4000:]}')
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+  return path
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> Optional[str]:
+  """Builds, loads and registers the kernel once; its ISA, or None."""
+  try:
+    lib = ctypes.cdll.LoadLibrary(build())
+    for transposed, target in _TARGETS.items():
+      jax.ffi.register_ffi_target(
+          target, jax.ffi.pycapsule(getattr(lib, _SYMBOLS[transposed])),
+          platform='cpu')
+    lib.T5xSpeedRowMatmulIsa.restype = ctypes.c_char_p
+    return lib.T5xSpeedRowMatmulIsa().decode()
+  except Exception as e:  # pylint: disable=broad-except
+    _log.warning('t5x_speed: few-row matmul kernel unavailable, using XLA\'s '
+                 'dot (decoding is slower on CPU): %s', e)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _disabled_notice() -> None:
+  _log.warning('t5x_speed: %s=0, few-row matmul kernel disabled; using XLA\'s '
+               'dot.', ENV_SWITCH)
+
+
+def available() -> bool:
+  """Whether `matmul` will use the kernel (CPU backend, built, not disabled).
+
+  Read at trace time: a function traced before T5X_SPEED_KERNEL changes keeps
+  the path it was traced with.
+  """
+  if os.environ.get(ENV_SWITCH, '1') == '0':
+    _disabled_notice()  # once per process
+    return False
+  if jax.default_backend() != 'cpu':
+    return False
+  return _load() is not None
+
+
+def use_kernel(rows: int) -> bool:
+  """Whether a matmul over `rows` rows should go to the kernel."""
+  return 0 < rows <= MAX_ROWS and not _XLA_SCOPE.get() and available()
+
+
+# Set while tracing functions that must use XLA's dot (side-by-side A/B in one
+# process, see `xla_scope`).
+_XLA_SCOPE = contextvars.ContextVar('t5x_speed_xla_scope', default=False)
+
+
+@contextlib.contextmanager
+def xla_scope():
+  """Functions traced inside use XLA's dot, as with T5X_SPEED_KERNEL=0."""
+  token = _XLA_SCOPE.set(True)
+  try:
+    yield
+  finally:
+    _XLA_SCOPE.reset(token)
+
+
+# Set while a decode step is traced (see `decode_scope`). Only decode steps use
+# the kernel: a full-sequence pass of a tiny batch has few rows too, but it
+# must keep XLA's arithmetic (bit parity with T5X's network, training).
+_DECODE_SCOPE = contextvars.ContextVar('t5x_speed_decode_scope', default=False)
+
+
+@contextlib.contextmanager
+def decode_scope():
+  """Marks the matmuls traced inside as one decode step's (kernel-eligible)."""
+  token = _DECODE_SCOPE.set(True)
+  try:
+    yield
+  finally:
+    _DECODE_SCOPE.reset(token)
+
+
+def in_decode_scope() -> bool:
+  """Whether the caller is being traced inside `decode_scope`."""
+  return _DECODE_SCOPE.get()
+
+
+def _ffi(x: Array, w: Array, n: int, transpose_w: bool, dtype) -> Array:
+  call = jax.ffi.ffi_call(_TARGETS[transpose_w],
+                          jax.ShapeDtypeStruct((x.shape[0], n), dtype),
+                          vmap_method='sequential')
+  return call(x, w)
+
+
+# The kernel is a forward-only custom call; the backward pass (if a few-row
+# matmul is ever differentiated, e.g. a decode step under grad) uses XLA's
+# dots, in f32 for mixed operands, each gradient cast to its operand's dtype.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _kernel(x: Array, w: Array, n: int, transpose_w: bool, dtype) -> Array:
+  return _ffi(x, w, n, transpose_w, dtype)
+
+
+def _kernel_fwd(x, w, n, transpose_w, dtype):
+  return _ffi(x, w, n, transpose_w, dtype), (x, w)
+
+
+def _kernel_bwd(n, transpose_w, dtype, res, g):
+  del dtype
+  x, w = res
+  f32 = lambda a: a.astype(jnp.float32)
+  g = f32(g)
+  if transpose_w:
+    dw = jnp.zeros(w.shape, jnp.float32).at[:n].set(jnp.dot(g.T, f32(x)))
+    return jnp.dot(g, f32(w[:n])).astype(x.dtype), dw.astype(w.dtype)
+  return (jnp.dot(g, f32(w).T).astype(x.dtype),
+          jnp.dot(f32(x).T, g).astype(w.dtype))
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
+def matmul(x: Array, w: Array, *, transpose_w: bool = False,
+           cols: Optional[int] = None, force_xla: bool = False) -> Array:
+  """x @ w (or x @ w[:cols].T) with the kernel for few rows on CPU.
+
+  Args:
+    x: [..., K] activations; leading axes are rows.
+    w: [K, N] weights, or [N', K] with `transpose_w` (e.g. an embedding
+      table scored by dot products, read in place without a transpose).
+    transpose_w: contract over w's last axis instead of its first.
+    cols: with `transpose_w`, score only rows [0, cols) of w (default all),
+      without copying the slice.
+    force_xla: always use XLA's dot (reference / A-B).
+
+  Returns:
+    [..., N] in the promoted dtype of x and w, as XLA's dot of the promoted
+    operands gives. The kernel takes float32 and bfloat16 operands as they
+    are (no converted copy of w) and computes in float32, rounding a
+    bfloat16 result once; other dtypes, an empty contraction or zero rows use
+    XLA's dot.
+
+  Raises:
+    ValueError: on rank or shape mismatch, or a bad `cols`.
+  """
+  x, w = jnp.asarray(x), jnp.asarray(w)
+  if w.ndim != 2 or x.ndim < 1:
+    raise ValueError(f'matmul needs x [..., K] and a 2-D w, got {x.shape} and '
+                     f'{w.shape}.')
+  k_axis = 1 if transpose_w else 0
+  if x.shape[-1] != w.shape[k_axis]:
+    raise ValueError(f'contraction mismatch: x {x.shape} vs w {w.shape} '
+                     f'(transpose_w={transpose_w}).')
+  n = w.shape[1 - k_axis]
+  if cols is not None:
+    if not transpose_w or not 0 < cols <= n:
+      raise ValueError(f'cols={cols} needs transpose_w and 0 < cols <= {n}.')
+    n = cols
+  dtype = jnp.result_type(x.dtype, w.dtype)
+  rows = int(np.prod(x.shape[:-1]))
+  if (force_xla or dtype not in _DTYPES or x.dtype not in _DTYPES or
+      w.dtype not in _DTYPES or x.shape[-1] == 0 or n == 0 or
+      not use_kernel(rows)):
+    wn = w[:n] if transpose_w else w
+    return lax.dot_general(x.astype(dtype), wn.astype(dtype),
+                           (((x.ndim - 1,), (k_axis,)), ((), ())))
+  out = _kernel(x.reshape(rows, x.shape[-1]), w, n, transpose_w, dtype)
+  return out.reshape(x.shape[:-1] + (n,))
+
+
+def main(argv) -> int:
+  """`python -m t5x_speed.rowmatmul --build`: compile (or find) the kernel."""
+  if argv[1:] != ['--build']:
+    print('usage: python -m t5x_speed.rowmatmul --build', file=sys.stderr)
+    return 2
+  try:
+    path = build(verbose=True)
+  except (RuntimeError, OSError) as e:
+    print(f't5x_speed: kernel not built, XLA\'s dot will be used: {e}',
+          file=sys.stderr)
+    return 0  # not an installation failure: everything works without it
+  print(f't5x_speed: few-row matmul kernel at {path}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv))
