@@ -1,4 +1,9 @@
-"""Small T5X models and batches for the tests that need T5X."""
+"""Small T5X models and batches, and T5X's binaries, for the tests that need T5X."""
+
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +18,7 @@ from t5x_speed import decoding
 from t5x_speed import models
 from t5x_speed import network
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 37
 TINY = dict(vocab_size=VOCAB, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48,
             mlp_activations=('gelu', 'linear'))
@@ -62,3 +68,24 @@ def init_params(model, batch, seed=0):
   types = {k: v.dtype for k, v in batch.items()}
   return model.get_initial_variables(jax.random.PRNGKey(seed), shapes,
                                      types)['params']
+
+
+def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(REPO,)):
+  """Runs `python -m t5x.<binary>` on CPU from the repository root.
+
+  `root` goes on PYTHONPATH (the tests' task modules live there); a failure
+  raises AssertionError with the end of stderr. Returns the CompletedProcess.
+  """
+  cmd = [sys.executable, '-m', f't5x.{binary}']
+  cmd += [f'--gin_file={f}' for f in gin_files]
+  cmd += [f'--gin.{b}' for b in bindings]
+  cmd += ['--gin_search_paths=' + ','.join(map(str, search_paths)),
+          '--alsologtostderr']
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [root, os.environ.get('PYTHONPATH', '')]), CUDA_VISIBLE_DEVICES='',
+             JAX_PLATFORMS='cpu', XLA_FLAGS='')
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=900)
+  if proc.returncode:
+    raise AssertionError(f'{binary} failed:\n{proc.stderr[-6000:]}')
+  return proc

@@ -11,8 +11,6 @@ import glob
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -23,6 +21,7 @@ pytest.importorskip('t5x')
 import tensorflow as tf
 
 import helpers  # pylint: disable=g-import-not-at-top
+import t5x_helpers as th  # pylint: disable=g-import-not-at-top
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
@@ -97,18 +96,8 @@ def _tiny_bindings(root: str):
 
 
 def _run(binary: str, root: str, files, bindings):
-  cmd = [sys.executable, '-m', f't5x.{binary}']
-  cmd += [f'--gin_file={REPO / "gin" / f}' for f in files]
-  cmd += [f'--gin.{b}' for b in _tiny_bindings(root) + bindings]
-  cmd += [f'--gin_search_paths={REPO}', '--alsologtostderr']
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [root, os.environ.get('PYTHONPATH', '')]), CUDA_VISIBLE_DEVICES='',
-             JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=900)
-  if proc.returncode:
-    raise AssertionError(f'{binary} failed:\n{proc.stderr[-6000:]}')
-  return proc
+  return th.run_t5x(binary, root, [REPO / 'gin' / f for f in files],
+                    _tiny_bindings(root) + bindings)
 
 
 def _scalars(event_dir: str):

@@ -16,8 +16,6 @@ import glob
 import json
 import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 
 from absl.testing import absltest
@@ -45,17 +43,7 @@ LAYERS = 3
 
 
 def _run(binary: str, root: str, gin_files, bindings):
-  cmd = [sys.executable, '-m', f't5x.{binary}']
-  cmd += [f'--gin_file={f}' for f in gin_files]
-  cmd += [f'--gin.{b}' for b in bindings]
-  cmd += [f'--gin_search_paths={REPO},{T5X_GIN}', '--alsologtostderr']
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [root, os.environ.get('PYTHONPATH', '')]), CUDA_VISIBLE_DEVICES='',
-             JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=900)
-  if proc.returncode:
-    raise AssertionError(f'{binary} failed:\n{proc.stderr[-6000:]}')
+  th.run_t5x(binary, root, gin_files, bindings, search_paths=(REPO, T5X_GIN))
 
 
 def _task():
