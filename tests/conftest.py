@@ -5,12 +5,24 @@ T5X_SPEED_REQUIRE_ALL_TESTS=1 (`make test T5X_WHEELS=...`, as CI runs it) a
 skipped test fails the run instead, so CI cannot pass without the T5X tests.
 """
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 # Must precede the first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=2').strip()
+# Many tests, and the T5X binaries they start (which inherit the
+# environment), compile the same programs: JAX's persistent cache, fresh for
+# each session so that no run reuses another's executables, compiles each
+# once. Only compiles over a second are stored (JAX's default threshold).
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(
+      prefix='t5x_speed_jax_cache_')
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'],
+                  ignore_errors=True)
 
 REQUIRE_ALL = os.environ.get('T5X_SPEED_REQUIRE_ALL_TESTS') == '1'
 HAS_T5X = importlib.util.find_spec('t5x') is not None

@@ -21,10 +21,11 @@ def tiny_model(**overrides):
   cfg = tiny_config(**overrides)
   module = network.SpeedTransformer(cfg)
   tokens = jnp.ones((1, 4), jnp.int32)
-  params = module.init(jax.random.PRNGKey(cfg.num_unique_layers * 7 +
-                                          cfg.num_repeats), tokens, tokens,
-                       enable_dropout=False)['params']
-  return module, params
+  # One compiled init: run eagerly, each of init's ops compiles on its own.
+  init = jax.jit(lambda rng: module.init(rng, tokens, tokens,
+                                         enable_dropout=False)['params'])
+  return module, init(jax.random.PRNGKey(cfg.num_unique_layers * 7 +
+                                         cfg.num_repeats))
 
 
 def train_sentencepiece(directory: str, lines=None, vocab_size: int = 100) -> str:

@@ -247,7 +247,7 @@ class Bf16SpeedEqualsGreedyTest(parameterized.TestCase):
   matmul row-independent there must be no mismatch at all.
   """
 
-  @parameterized.parameters(*_bf16_configs(6))
+  @parameterized.parameters(*_bf16_configs(4))
   def test_random_models(self, width, g, r, sharing, batch, seed):
     cfg = network.TransformerConfig(
         vocab_size=512, emb_dim=width, num_heads=4, head_dim=width // 4,
@@ -255,8 +255,9 @@ class Bf16SpeedEqualsGreedyTest(parameterized.TestCase):
         sharing=sharing, dtype='bfloat16')
     module = network.SpeedTransformer(cfg)
     tokens = jnp.ones((1, 4), jnp.int32)
-    params = module.init(jax.random.PRNGKey(seed), tokens, tokens,
-                         enable_dropout=False)['params']
+    params = jax.jit(lambda rng: module.init(
+        rng, tokens, tokens, enable_dropout=False))(
+            jax.random.PRNGKey(seed))['params']
     rng = np.random.RandomState(seed)
     lengths = rng.randint(1, 7, size=batch)
     prompts = rng.randint(2, 512, size=(batch, 6))

@@ -7,6 +7,7 @@ then with T5X's beam search and multi-sample decoding.
 Skipped when T5X is absent (it is not on PyPI).
 """
 
+import functools
 import glob
 import json
 import os
@@ -150,24 +151,34 @@ class StockBinariesTest(absltest.TestCase):
     self.assertAlmostEqual(lr[STEPS + FT_STEPS], 1e-3 * (FT_STEPS - 1) / 1000,
                            delta=1e-10)
 
+    # Evaluation and the four decodings, each from the finetuned checkpoint.
     eval_dir = os.path.join(root, 'eval')
-    _run('eval', root, [model, 'runs/eval.gin'], [
-        f"CHECKPOINT_PATH = '{checkpoint}'", f"EVAL_OUTPUT_DIR = '{eval_dir}'"])
-    self.assertTrue(glob.glob(os.path.join(eval_dir, '**', '*'),
-                              recursive=True))
+    decodings = {  # name: (extra gin files, extra bindings)
+        'speed': ([], []),
+        'greedy': ([], ['DECODING_FN = @decoding.greedy_decode']),
+        'beam_search': (['decoding/beam_search.gin'], []),
+        'sample': (['decoding/sample.gin'], [])}
 
-    predictions = {}
-    for name, flag in (('speed', []),
-                       ('greedy', ['DECODING_FN = @decoding.greedy_decode'])):
+    def infer(name):
       out = os.path.join(root, f'infer_{name}')
-      _run('infer', root, [model, 'runs/infer.gin'], [
+      files, bindings = decodings[name]
+      _run('infer', root, [model, 'runs/infer.gin'] + files, [
           f"CHECKPOINT_PATH = '{checkpoint}'", f"INFER_OUTPUT_DIR = '{out}'",
-          'utils.DatasetConfig.batch_size = 4'] + flag)
+          'utils.DatasetConfig.batch_size = 4'] + bindings)
       files = [f for f in glob.glob(os.path.join(out, 'e2e_reverse-*.jsonl*'))
                if not f.endswith('.COMPLETED')]
       self.assertLen(files, 1)
       with open(files[0]) as f:
-        predictions[name] = [json.loads(line) for line in f]
+        return [json.loads(line) for line in f]
+
+    results = th.run_concurrently(
+        lambda: _run('eval', root, [model, 'runs/eval.gin'], [
+            f"CHECKPOINT_PATH = '{checkpoint}'",
+            f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
+        *[functools.partial(infer, name) for name in decodings])
+    predictions = dict(zip(decodings, results[1:]))
+    self.assertTrue(glob.glob(os.path.join(eval_dir, '**', '*'),
+                              recursive=True))
     self.assertLen(predictions['speed'], 12)
     text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
     self.assertEqual(text(predictions['speed']), text(predictions['greedy']))
@@ -180,15 +191,7 @@ class StockBinariesTest(absltest.TestCase):
 
     # T5X's beam search and multi-sample decoding on the shared model.
     for name in ('beam_search', 'sample'):
-      out = os.path.join(root, f'infer_{name}')
-      _run('infer', root, [model, 'runs/infer.gin', f'decoding/{name}.gin'], [
-          f"CHECKPOINT_PATH = '{checkpoint}'", f"INFER_OUTPUT_DIR = '{out}'",
-          'utils.DatasetConfig.batch_size = 4'])
-      files = [f for f in glob.glob(os.path.join(out, 'e2e_reverse-*.jsonl*'))
-               if not f.endswith('.COMPLETED')]
-      self.assertLen(files, 1)
-      with open(files[0]) as f:
-        rows = [json.loads(line) for line in f]
+      rows = predictions[name]
       self.assertLen(rows, 12)
       self.assertEqual([r['inputs'] for r in rows],
                        [r['inputs'] for r in predictions['speed']])

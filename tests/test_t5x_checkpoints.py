@@ -122,22 +122,24 @@ class StockT5XCheckpointTest(absltest.TestCase):
 
   def test_restores_into_base_12l_and_decodes_as_t5x(self):
     theirs_dir = os.path.join(self.root, 'infer_t5x')
-    _run('infer', self.root, [
-        T5X_GIN / 't5x/examples/decoder_only/models/base.gin',
-        T5X_GIN / 't5x/configs/runs/infer.gin'],
-         _t5x_bindings(self.root) + [
-             f"CHECKPOINT_PATH = '{self.checkpoint}'",
-             f"INFER_OUTPUT_DIR = '{theirs_dir}'", 'DROPOUT_RATE = 0.0',
-             'decoding.temperature_sample.temperature = 0.0',
-             'decoding.temperature_sample.topk = 1',
-             'utils.DatasetConfig.batch_size = 4'])
     ours_dir = os.path.join(self.root, 'infer_ours')
-    _run('infer', self.root, [REPO / 'gin/models/t5x_base_12l.gin',
-                              REPO / 'gin/runs/infer.gin'],
-         _our_bindings(self.root) + [
-             f"CHECKPOINT_PATH = '{self.checkpoint}'",
-             f"INFER_OUTPUT_DIR = '{ours_dir}'",
-             'utils.DatasetConfig.batch_size = 4'])
+    th.run_concurrently(
+        lambda: _run('infer', self.root, [
+            T5X_GIN / 't5x/examples/decoder_only/models/base.gin',
+            T5X_GIN / 't5x/configs/runs/infer.gin'],
+                     _t5x_bindings(self.root) + [
+                         f"CHECKPOINT_PATH = '{self.checkpoint}'",
+                         f"INFER_OUTPUT_DIR = '{theirs_dir}'",
+                         'DROPOUT_RATE = 0.0',
+                         'decoding.temperature_sample.temperature = 0.0',
+                         'decoding.temperature_sample.topk = 1',
+                         'utils.DatasetConfig.batch_size = 4']),
+        lambda: _run('infer', self.root, [
+            REPO / 'gin/models/t5x_base_12l.gin', REPO / 'gin/runs/infer.gin'],
+                     _our_bindings(self.root) + [
+                         f"CHECKPOINT_PATH = '{self.checkpoint}'",
+                         f"INFER_OUTPUT_DIR = '{ours_dir}'",
+                         'utils.DatasetConfig.batch_size = 4']))
     theirs, ours = _predictions(theirs_dir), _predictions(ours_dir)
     self.assertLen(ours, 12)
     self.assertEqual(ours, theirs)
