@@ -60,6 +60,7 @@ from t5x_speed import demo_model
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import rowmatmul
+from t5x_speed import steps
 
 LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
 FORCE = 1e9
@@ -141,10 +142,12 @@ def copy_bandwidth() -> float:
   return 2 * a.nbytes / float(np.min(times))
 
 
-def demo_schedule_source(repeats: int, demo_out: str, steps: int = 600):
+def demo_schedule_source(repeats: int, demo_out: str,
+                         train_steps: int = 600):
   """(module, params) of the trained demo model with `repeats` stages."""
   settings = demo_model.DemoSettings(num_unique_layers=max(6 // repeats, 1),
-                                     num_repeats=repeats, steps=steps)
+                                     num_repeats=repeats,
+                                     steps=train_steps)
   params, _ = demo_model.load_or_train(settings, demo_out)
   return network.SpeedTransformer(settings.config()), params
 
@@ -195,25 +198,26 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
 def _decoder(method: str, module, speculative_vocab: int):
   """jit fn(params, prompts, lengths, by_position, predictions) replaying a
   recorded batch; returns (decodes, stats or None)."""
-  steps = demo_model.LENGTHS['targets']
-  config = module.config
+  max_steps = demo_model.LENGTHS['targets']
 
   @jax.jit
   def run(params, prompts, lengths, by_position, predictions):
-    inputs, cache = inference.prepare(module, params, prompts, lengths, steps,
-                                      bidirectional=True)
     spec = speculative_vocab if method == 'speed_short' else None
-    to_logits, pipeline = inference.step_fns(module, params, spec)
+    bound = steps.BoundSteps(module, params, spec)
+    inputs, cache = inference.prepare(bound, prompts, lengths, max_steps,
+                                      bidirectional=True)
     kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
-                  max_decode_steps=steps)
+                  max_decode_steps=max_steps)
     if method.startswith('speed'):
       decodes, _, stats = decoding.speed_decode(
           cache=(cache, jnp.zeros((), jnp.int32)),
-          pipeline_step_fn=_replayed_pipeline_step(pipeline, predictions),
-          initial_carry=inference.initial_carry(config, prompts.shape[0]),
+          pipeline_step_fn=_replayed_pipeline_step(bound.pipeline_step,
+                                                   predictions),
+          num_stages=module.config.num_repeats,
+          initial_carry=bound.initial_carry(prompts.shape[0]),
           return_stats=True, **kwargs)
       return decodes, stats
-    forced = _forced_tokens_to_logits(to_logits, by_position)
+    forced = _forced_tokens_to_logits(bound.tokens_to_logits, by_position)
     if method == 't5x_sample':
       from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
       decodes, _ = t5x_decoding.temperature_sample(
@@ -316,7 +320,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
     base_method = method[:-4] if method.endswith('_xla') else method
     if base_method.startswith('speed'):
       stats = [res[1] for res in results]
-      steps = sum(int(np.asarray(st.num_steps).max()) for st in stats)
+      loop_steps = sum(int(np.asarray(st.num_steps).max()) for st in stats)
       steps_per_token = sum(float(np.asarray(st.num_steps).sum())
                             for st in stats) / tokens
       flushes = sum(int(np.asarray(st.flushes).sum()) for st in stats)
@@ -326,17 +330,17 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
           if base_method == 'speed_short' else 1)
       weight_bytes = cfg.num_unique_layers * sizes['layer'] + classifier
     else:
-      steps = sum(int(rec['row_tokens'].max()) for rec in recs)
+      loop_steps = sum(int(rec['row_tokens'].max()) for rec in recs)
       steps_per_token = 1.0
       weight_bytes = cfg.num_layers * sizes['layer'] + sizes['classifier']
-    weight_bytes_per_token = weight_bytes * steps / tokens
-    bytes_per_token = (weight_bytes + kv_bytes) * steps / tokens
+    weight_bytes_per_token = weight_bytes * loop_steps / tokens
+    bytes_per_token = (weight_bytes + kv_bytes) * loop_steps / tokens
     rows[method] = {
         'seconds': seconds, 'tokens': tokens,
         'tokens_per_second': tokens / seconds,
         'ms_per_token_per_sequence': 1e3 * seconds * batch / tokens,
         'replay_consistent': identical,
-        'loop_steps': steps, 'steps_per_token': steps_per_token,
+        'loop_steps': loop_steps, 'steps_per_token': steps_per_token,
         'rows_free_ideal_speedup': (r / steps_per_token
                                     if base_method.startswith('speed')
                                     else None),

@@ -41,6 +41,27 @@ INVALID_TOKEN_ID = 2        # traced prompt token id outside [0, vocab)
 INVALID_STEP_LIMIT = 4      # did not end within the loop's step bound
 
 
+def check_int(name: str, value: Any, low: int) -> int:
+  """`value` as a Python int >= `low`; bools, floats and arrays are refused."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (int, np.integer)):
+    raise ValueError(f'{name} must be an integer >= {low}, got {value!r}.')
+  value = operator.index(value)
+  if value < low:
+    raise ValueError(f'{name} must be an integer >= {low}, got {value}.')
+  return value
+
+
+def check_speculative_vocab_size(value: Optional[int]) -> Optional[int]:
+  """None, or an integer >= 1 (>= the vocabulary size scores all of it).
+
+  Raises:
+    ValueError: otherwise (0 would leave the speculative exits nothing).
+  """
+  return None if value is None else check_int('speculative_vocab_size',
+                                              value, 1)
+
+
 def is_concrete(*xs) -> bool:
   return not any(isinstance(x, jax.core.Tracer) for x in xs)
 

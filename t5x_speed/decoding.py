@@ -27,7 +27,8 @@ token 0, so such an example repeats token 0 with a NaN score. Check weights
 once at load with `inference.check_finite`.
 """
 
-from typing import Any, Callable, Dict, Optional, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax
 import jax
@@ -244,6 +245,21 @@ class SpeedStats:
     return cls(z(batch), z(batch), z(batch), z(batch, stages),
                z(batch, stages), z(batch, stages), z(batch))
 
+  @classmethod
+  def from_aux(cls, aux_values: Mapping[str, Any],
+               prefix: str = 'speed/') -> Optional['SpeedStats']:
+    """Stats of many examples from aux values as models.py writes them.
+
+    `aux_values['speed/<field>']` holds one value per example (a list, as
+    seqio and T5X's infer pass them, or an array with the examples first).
+    Returns None where the aux holds no SPEED statistics (other decode fns).
+    """
+    if prefix + 'num_steps' not in aux_values:
+      return None
+    return cls(**{f.name: np.stack([np.asarray(v) for v in
+                                    aux_values[prefix + f.name]])
+                  for f in dataclasses.fields(cls)})
+
   def summary(self) -> Dict[str, float]:
     """Batch totals and rates as Python numbers (host side)."""
     s = jax.tree.map(lambda x: np.asarray(x, np.float64).sum(0), self)
@@ -326,6 +342,7 @@ def speed_decode(inputs: Array,
                  decode_rng: Optional[Array] = None,
                  *,
                  pipeline_step_fn: Optional[PipelineStepFn] = None,
+                 num_stages: Optional[int] = None,
                  initial_carry: Optional[Array] = None,
                  return_stats: bool = False,
                  record_schedule: bool = False,
@@ -383,8 +400,12 @@ def speed_decode(inputs: Array,
     pipeline_step_fn: (tokens [B], carry [B, R-1, E], positions [B, R], cache)
       -> (logits [B, R, V], hidden [B, R, E], cache). Stage r-1's logits
       only steer speculation; the last stage's must be the model's.
-    initial_carry: [B, R-1, E] initial hidden states (zeros), which fix R;
-      cast to the dtype of the step's hidden states.
+    num_stages: R, the model's number of stages (repetitions), an integer
+      >= 1; pipeline_step_fn must return logits for R stages.
+    initial_carry: [B, R-1, E] hidden states entering stages 1..R-1 of the
+      empty pipeline (zeros; their values are never used), cast to the dtype
+      of the step's hidden states. `steps.BoundSteps.decode_fn_kwargs`
+      supplies pipeline_step_fn, num_stages and initial_carry.
     return_stats: also return `SpeedStats`.
     record_schedule: also return the `SpeedSchedule` (memory grows with
       R * length steps).
@@ -401,26 +422,28 @@ def speed_decode(inputs: Array,
 
   Raises:
     ValueError: for bad arguments, see the module docstring; also when
-      `initial_carry` does not match the R stages and width of
-      `pipeline_step_fn`, and for sampling parameters
+      `num_stages` or `initial_carry` do not match `pipeline_step_fn`, and for sampling parameters
       (`check_greedy_params`).
   """
   del tokens_to_logits, decode_rng
   max_decode_steps = check_greedy_params(
       'speed_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
-  if pipeline_step_fn is None or initial_carry is None:
+  if pipeline_step_fn is None or num_stages is None or initial_carry is None:
     raise ValueError(
-        'speed_decode needs pipeline_step_fn and initial_carry: the model '
-        'must have shared exits (e.g. t5x_speed.models.SpeedDecoderOnlyModel). '
-        'Use greedy_decode or temperature_sample for other models.')
+        'speed_decode needs pipeline_step_fn, num_stages and initial_carry: '
+        'the model must have shared exits (e.g. '
+        't5x_speed.models.SpeedDecoderOnlyModel; '
+        '`steps.BoundSteps.decode_fn_kwargs` supplies them). Use '
+        'greedy_decode or temperature_sample for other models.')
+  stages = decode_args.check_int('num_stages', num_stages, 1)
   batch, length = decode_args.check_structure(inputs, num_decodes,
                                               cache_offset, cache)
   carry_shape = getattr(initial_carry, 'shape', ())
-  if len(carry_shape) != 3 or carry_shape[0] != batch:
-    raise ValueError(f'initial_carry must be [batch={batch}, R-1, width] for '
-                     f'a model of R stages, got shape {carry_shape}.')
-  stages = carry_shape[1] + 1
+  if len(carry_shape) != 3 or carry_shape[:2] != (batch, stages - 1):
+    raise ValueError(
+        f'initial_carry must be [batch={batch}, R-1={stages - 1}, width] for '
+        f'num_stages R = {stages}, got shape {carry_shape}.')
   try:
     logits_shape, hidden_shape, _ = jax.eval_shape(
         pipeline_step_fn, jax.ShapeDtypeStruct((batch,), jnp.int32),
@@ -429,19 +452,19 @@ def speed_decode(inputs: Array,
         decode_args.shape_of(cache))
   except (TypeError, ValueError, IndexError) as e:
     raise ValueError(
-        f'pipeline_step_fn fails on initial_carry of shape {carry_shape} '
-        f'(R = {stages} stages, width {carry_shape[2]}): initial_carry must '
-        'be [batch, R-1, width] of the model (e.g. '
-        '`inference.initial_carry(config, batch)`).') from e
+        f'pipeline_step_fn fails with num_stages R = {stages} and '
+        f'initial_carry of shape {carry_shape} (width {carry_shape[2]}): '
+        'they must be the model\'s R and [batch, R-1, width] (see '
+        '`steps.BoundSteps.decode_fn_kwargs`).') from e
   if logits_shape.shape[:2] != (batch, stages) or hidden_shape.shape != (
       batch, stages, carry_shape[2]):
     raise ValueError(
-        f'initial_carry has shape {carry_shape}, i.e. R = {stages} stages of '
-        f'width {carry_shape[2]}, but pipeline_step_fn returns logits '
-        f'{logits_shape.shape} and hidden states {hidden_shape.shape} '
-        '([batch, R, vocab], [batch, R, width]): initial_carry must be '
-        f'[batch, R-1={hidden_shape.shape[1] - 1}, '
-        f'width={hidden_shape.shape[-1]}].')
+        f'num_stages R = {stages} and initial_carry {carry_shape} (width '
+        f'{carry_shape[2]}) do not match pipeline_step_fn, which returns '
+        f'logits {logits_shape.shape} and hidden states {hidden_shape.shape} '
+        f'([batch, R, vocab], [batch, R, width]): this model has '
+        f'R = {hidden_shape.shape[1]} stages of width '
+        f'{hidden_shape.shape[-1]}.')
   initial_carry = jnp.asarray(initial_carry, hidden_shape.dtype)
   checked = decode_args.validate(inputs, initial_index, max_decode_steps,
                                  eos_id, vocab_size=logits_shape.shape[-1])

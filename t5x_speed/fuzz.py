@@ -48,6 +48,7 @@ import numpy as np
 
 from t5x_speed import decoding
 from t5x_speed import network
+from t5x_speed import steps
 
 # Near-tie tolerance on greedy's top-2 margin, relative to max(1, |top|).
 NEAR_TIE = {'float32': 1e-4, 'bfloat16': 5e-2}
@@ -158,27 +159,22 @@ class _Compiled:
               bidir[:, None]).astype(jnp.int32)
 
     def prefill(params, inputs, lengths, bidir):
-      return module.apply({'params': params}, inputs, lengths,
-                          causal(lengths, bidir), method='prefill')[1]
+      return steps.BoundSteps(module, params).prefill(
+          inputs, lengths, causal(lengths, bidir))
 
-    def greedy(params, inputs, lengths, bidir, steps, eos):
-      def to_logits(state):
-        return module.apply({'params': params}, state.cur_token[:, 0],
-                            state.cur_index, state.cache, method='decode_step')
+    def greedy(params, inputs, lengths, bidir, max_steps, eos):
       return decoding.greedy_decode(
-          inputs, prefill(params, inputs, lengths, bidir), to_logits, eos,
-          initial_index=lengths, max_decode_steps=steps)
+          eos_id=eos, max_decode_steps=max_steps,
+          **steps.BoundSteps(module, params).decode_fn_kwargs(
+              decoding.greedy_decode, inputs,
+              prefill(params, inputs, lengths, bidir), lengths))
 
-    def speed(params, inputs, lengths, bidir, steps, eos):
-      def step(tokens, carry, positions, cache):
-        return module.apply({'params': params}, tokens, carry, positions,
-                            cache, method='speed_step')
-      carry = jnp.zeros((group.batch, group.r - 1, group.width),
-                        group.config().dtype)
+    def speed(params, inputs, lengths, bidir, max_steps, eos):
       return decoding.speed_decode(
-          inputs, prefill(params, inputs, lengths, bidir), eos_id=eos,
-          initial_index=lengths, max_decode_steps=steps,
-          pipeline_step_fn=step, initial_carry=carry, return_stats=True)
+          eos_id=eos, max_decode_steps=max_steps,
+          **steps.BoundSteps(module, params).decode_fn_kwargs(
+              decoding.speed_decode, inputs,
+              prefill(params, inputs, lengths, bidir), lengths))
 
     def forward(params, sequence, lengths, bidir):
       logits = module.apply({'params': params}, sequence,
@@ -221,16 +217,16 @@ def run_cases(compiled: _Compiled, rng: np.random.RandomState,
   inputs[np.arange(length)[None, None] > lengths[..., None]] = 0
   inputs[..., 0] = 0
   bidir = rng.rand(count, batch) < 0.5
-  steps = rng.randint(1, length + 1, size=(count, batch))
+  max_steps = rng.randint(1, length + 1, size=(count, batch))
   args = (params, jnp.asarray(inputs, jnp.int32),
           jnp.asarray(lengths, jnp.int32), jnp.asarray(bidir))
-  steps_j = jnp.asarray(steps, jnp.int32)
+  steps_j = jnp.asarray(max_steps, jnp.int32)
 
   # The reference: greedy without EOS.
   refs, _ = compiled.greedy(*args, steps_j,
                             jnp.full((count, batch), -1, jnp.int32))
   refs = np.asarray(refs)[:, :, 0]
-  limits = np.minimum(length, lengths + steps) - lengths  # tokens to produce
+  limits = np.minimum(length, lengths + max_steps) - lengths  # tokens to produce
   eos = np.empty((count, batch), np.int64)
   for c, b in np.ndindex(count, batch):
     u = rng.rand()

@@ -1,7 +1,8 @@
-"""Decoding a `SpeedTransformer` without T5X: prefill, step functions, generate.
+"""Decoding a `SpeedTransformer` without T5X: `generate` from prompts.
 
-The T5X model (models.py) wires the same step functions into T5X; this module
-serves the tests, the demo and the benchmark.
+The step functions and decode-fn arguments come from `steps.BoundSteps`, as
+in the T5X model (models.py); this module serves the tests, the demo and
+the benchmark.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -30,32 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
+from t5x_speed import steps
 
 Array = jax.Array
 METHODS = ('speed', 'greedy')
-
-
-def _integer(name: str, value: Any, low: int) -> int:
-  """`value` as a Python int >= `low`; bools, floats and arrays are refused."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, np.integer)):
-    raise ValueError(f'{name} must be an integer >= {low}, got {value!r}.')
-  value = operator.index(value)
-  if value < low:
-    raise ValueError(f'{name} must be an integer >= {low}, got {value}.')
-  return value
-
-
-def check_speculative_vocab_size(value: Optional[int]) -> Optional[int]:
-  """None, or an integer >= 1 (>= the vocabulary size scores all of it).
-
-  Raises:
-    ValueError: otherwise (0 would leave the speculative exits nothing).
-  """
-  return None if value is None else _integer('speculative_vocab_size', value,
-                                             1)
 
 
 def check_finite(params: Any, name: str = 'params'):
@@ -73,49 +55,6 @@ def check_finite(params: Any, name: str = 'params'):
     raise ValueError(f'{name} hold non-finite values (NaN or inf) in '
                      f'{len(bad)} leaves: {", ".join(bad[:5])}'
                      f'{" ..." if len(bad) > 5 else ""}.')
-
-
-def step_fns(module: network.SpeedTransformer, params: Any,
-             speculative_vocab_size: Optional[int] = None):
-  """(tokens_to_logits, pipeline_step_fn) of `module` with `params`.
-
-  `speculative_vocab_size`: see `network.Decoder.speed_step`; None or >= 1.
-  """
-  speculative_vocab_size = check_speculative_vocab_size(speculative_vocab_size)
-
-  def tokens_to_logits(state: decoding.DecodingState) -> Tuple[Array, Any]:
-    return module.apply({'params': params}, state.cur_token[:, 0],
-                        state.cur_index, state.cache, method='decode_step')
-
-  def pipeline_step_fn(tokens, carry, positions, cache):
-    return module.apply({'params': params}, tokens, carry, positions, cache,
-                        speculative_vocab_size, method='speed_step')
-
-  return tokens_to_logits, pipeline_step_fn
-
-
-def initial_carry(config: network.TransformerConfig, batch: int) -> Array:
-  """Zero hidden states entering stages 1..R-1: [batch, R-1, emb]."""
-  return jnp.zeros((batch, config.num_repeats - 1, config.emb_dim),
-                   config.dtype)
-
-
-def prefill(module: network.SpeedTransformer, params: Any, inputs: Array,
-            initial_index: Array, bidirectional: bool = False,
-            cache_length: Optional[int] = None) -> network.KVCache:
-  """Caches positions < initial_index of BOS-shifted `inputs` [batch, length].
-
-  With `bidirectional`, positions <= initial_index (BOS and the prompt) attend
-  to each other, as T5X's `inputs_bidirectional_attention`. `cache_length`
-  (>= length) sizes the cache, so that `inputs` need only span the prompts.
-  """
-  causal = None
-  if bidirectional:
-    causal = (jnp.arange(inputs.shape[1]) <= initial_index[:, None]).astype(
-        jnp.int32)
-  _, cache = module.apply({'params': params}, inputs, initial_index, causal,
-                          cache_length, method='prefill')
-  return cache
 
 
 @flax.struct.dataclass
@@ -146,8 +85,8 @@ def build_inputs(prompts: Array, prompt_lengths: Array,
       jnp.zeros((batch, max_decode_steps), jnp.int32)], axis=1)
 
 
-def prepare(module: network.SpeedTransformer, params: Any, prompts: Array,
-            prompt_lengths: Array, max_decode_steps: int,
+def prepare(bound: steps.BoundSteps, prompts: Array, prompt_lengths: Array,
+            max_decode_steps: int,
             bidirectional: bool = False) -> Tuple[Array, network.KVCache]:
   """T5X-style decode inputs [batch, 1 + P + steps] and their prefilled cache.
 
@@ -155,8 +94,11 @@ def prepare(module: network.SpeedTransformer, params: Any, prompts: Array,
   span goes through the prefill.
   """
   inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
-  cache = prefill(module, params, inputs[:, :prompts.shape[1] + 1],
-                  prompt_lengths, bidirectional, cache_length=inputs.shape[1])
+  span = inputs[:, :prompts.shape[1] + 1]
+  causal = (steps.prefix_attention(prompt_lengths, span.shape[1])
+            if bidirectional else None)
+  cache = bound.prefill(span, prompt_lengths, causal,
+                        cache_length=inputs.shape[1])
   return inputs, cache
 
 
@@ -174,23 +116,19 @@ def produced_tokens(decodes: Array, prompt_lengths: Array,
 def _generate(module, params, prompts, prompt_lengths, *, max_decode_steps,
               method, eos_id, bidirectional, record_schedule,
               speculative_vocab_size) -> Generation:
-  inputs, cache = prepare(module, params, prompts, prompt_lengths,
-                          max_decode_steps, bidirectional)
-  tokens_to_logits, pipeline_step_fn = step_fns(module, params,
-                                                speculative_vocab_size)
-  kwargs = dict(inputs=inputs, cache=cache, eos_id=eos_id,
-                initial_index=prompt_lengths, max_decode_steps=max_decode_steps)
-  stats = schedule = None
-  if method == 'greedy':
-    decodes, scores = decoding.greedy_decode(
-        tokens_to_logits=tokens_to_logits, **kwargs)
-  else:
-    out = decoding.speed_decode(
-        pipeline_step_fn=pipeline_step_fn,
-        initial_carry=initial_carry(module.config, inputs.shape[0]),
-        return_stats=True, record_schedule=record_schedule, **kwargs)
-    decodes, scores, stats = out[:3]
-    schedule = out[3] if record_schedule else None
+  bound = steps.BoundSteps(module, params, speculative_vocab_size)
+  inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
+                          bidirectional)
+  decode_fn = decoding.greedy_decode
+  if method == 'speed':
+    decode_fn = functools.partial(decoding.speed_decode,
+                                  record_schedule=record_schedule)
+  out = decode_fn(**bound.decode_fn_kwargs(decode_fn, inputs, cache,
+                                           prompt_lengths),
+                  eos_id=eos_id, max_decode_steps=max_decode_steps)
+  decodes, scores = out[:2]
+  stats = out[2] if method == 'speed' else None
+  schedule = out[3] if record_schedule and method == 'speed' else None
   return Generation(produced_tokens(decodes, prompt_lengths, max_decode_steps),
                     scores[:, 0], stats, schedule)
 
@@ -253,11 +191,13 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
   if prompt_lengths.min() < 0 or prompt_lengths.max() > prompts.shape[1]:
     raise ValueError(f'prompt_lengths {prompt_lengths.tolist()} must lie in '
                      f'[0, {prompts.shape[1]}] (P = prompts.shape[1]).')
-  max_decode_steps = _integer('max_decode_steps', max_decode_steps, 1)
+  max_decode_steps = decode_args.check_int('max_decode_steps',
+                                           max_decode_steps, 1)
   if isinstance(eos_id, (bool, np.bool_)) or not isinstance(
       eos_id, (int, np.integer)):
     raise ValueError(f'eos_id must be an integer, got {eos_id!r}.')
-  speculative_vocab_size = check_speculative_vocab_size(speculative_vocab_size)
+  speculative_vocab_size = decode_args.check_speculative_vocab_size(
+      speculative_vocab_size)
   decoding.check_token_range(prompts, module.config.vocab_size,
                              prompt_lengths)
   if check_params:

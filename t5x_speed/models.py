@@ -10,17 +10,21 @@ A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
   full-depth step, and any other decode fn (T5X's `beam_search`,
   `temperature_sample`, ...) the full-depth step over the cache in T5X's form
   (`steps.to_t5x_cache`), which T5X's beam expansion and reordering handle;
-* `score_batch` scores with the final exit, or with every exit.
+* `score_batch` scores with the final exit, or with every exit;
+* `write_inferences_with_speed_statistics`, a `t5x.infer` write_fn, also
+  writes SPEED's statistics over each written chunk as metrics.
 
 This is the only library module that needs T5X.
 """
 
 import dataclasses
-import functools
-import inspect
+import json
+import os
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Tuple
 
+from absl import logging
 import clu.metrics as clu_metrics
+from clu import metric_writers
 from flax import core as flax_core
 import jax
 import jax.numpy as jnp
@@ -28,8 +32,8 @@ from t5x import losses as t5x_losses
 from t5x import metrics as metrics_lib
 from t5x import models as t5x_models
 
+from t5x_speed import decode_args
 from t5x_speed import decoding
-from t5x_speed import inference
 from t5x_speed import layers
 from t5x_speed import losses
 from t5x_speed import network
@@ -37,32 +41,6 @@ from t5x_speed import steps
 
 Array = jax.Array
 PyTree = Any
-
-
-def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
-  """Whether `decode_fn` takes SPEED's pipelined step (`pipeline_step_fn`)."""
-  try:
-    return 'pipeline_step_fn' in inspect.signature(decode_fn).parameters
-  except (TypeError, ValueError):
-    return False
-
-
-def takes_kv_cache(decode_fn: Callable[..., Any]) -> bool:
-  """Whether `decode_fn` is one of ours, which take the `network.KVCache`.
-
-  Others (T5X's), unless they take SPEED's `pipeline_step_fn`, get the cache
-  as `steps.to_t5x_cache` makes it. Partials and wrappers (gin's) are looked
-  through.
-  """
-  fn = decode_fn
-  while True:
-    if isinstance(fn, functools.partial):
-      fn = fn.func
-    elif hasattr(fn, '__wrapped__'):
-      fn = fn.__wrapped__
-    else:
-      break
-  return fn in (decoding.greedy_decode, decoding.speed_decode)
 
 
 class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
@@ -100,7 +78,7 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     losses.exit_weights(exit_weighting, module.config.num_repeats)
     self._exit_weighting = exit_weighting
     self._score_all_exits = score_all_exits
-    self._speculative_vocab_size = inference.check_speculative_vocab_size(
+    self._speculative_vocab_size = decode_args.check_speculative_vocab_size(
         speculative_vocab_size)
     super().__init__(
         module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
@@ -192,29 +170,13 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     inputs_lengths = jnp.sum(inputs[:, 1:] != 0, axis=-1)
     bidirectional = self._get_decoder_causal_attention(
         {'decoder_causal_attention': causal_attention_mask})
-    _, cache = self.module.apply({'params': params}, inputs, inputs_lengths,
-                                 bidirectional, method='prefill')
+    cache = self._bound(params).prefill(inputs, inputs_lengths, bidirectional)
     cache = jax.tree.map(
         lambda x: layers.with_sharding_constraint(x, steps.CACHE_AXES), cache)
     return cache, inputs_lengths
 
-  def _compute_logits_from_slice(self, decoding_state, params: PyTree,
-                                 max_decode_length: int):
-    """Full-depth step at each example's `cur_index` (`greedy_decode`)."""
-    del max_decode_length
-    return self.module.apply({'params': params},
-                             decoding_state.cur_token[:, 0],
-                             decoding_state.cur_index, decoding_state.cache,
-                             method='decode_step')
-
-  def _decode_step(self, tokens, positions, cache, *, params):
-    return self.module.apply({'params': params}, tokens, positions, cache,
-                             method='decode_step')
-
-  def _pipeline_step(self, tokens, carry, positions, cache, *, params):
-    return self.module.apply({'params': params}, tokens, carry, positions,
-                             cache, self._speculative_vocab_size,
-                             method='speed_step')
+  def _bound(self, params: PyTree) -> steps.BoundSteps:
+    return steps.BoundSteps(self.module, params, self._speculative_vocab_size)
 
   def predict_batch_with_aux(
       self,
@@ -228,9 +190,10 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
   ) -> Tuple[Array, Mapping[str, Array]]:
     """Decodes the targets after each prompt; SPEED statistics go in aux.
 
-    As `t5x.models.DecoderOnlyModel.predict_batch_with_aux`, except that a
-    decode fn taking `pipeline_step_fn` (SPEED) also gets the pipelined step,
-    the initial pipeline carry, and returns `SpeedStats`, reported per
+    As `t5x.models.DecoderOnlyModel.predict_batch_with_aux`; the decode fn
+    gets the model's steps from `steps.BoundSteps.decode_fn_kwargs`. A decode
+    fn taking `pipeline_step_fn` (SPEED) also gets the pipelined step, the
+    stage count and initial carry, and returns `SpeedStats`, reported per
     example as aux['speed/<field>']. Decode fns other than ours (e.g.
     `t5x.decoding.beam_search`, `temperature_sample` with `num_decodes > 1`)
     get the cache in T5X's form with `cache_offset=steps.CACHE_OFFSET` and a
@@ -256,32 +219,62 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
                          "decoder_params['decode_rng']; pass only one.")
       decoder_params['decode_rng'] = rng
     decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
-    pipeline = uses_pipeline(self._decode_fn)
-    tokens_to_logits = functools.partial(
-        self._compute_logits_from_slice, params=params,
-        max_decode_length=inputs.shape[1])
-    cache_offset = 0
-    if not (pipeline or takes_kv_cache(self._decode_fn)):
-      cache = steps.to_t5x_cache(cache, initial_index)
-      tokens_to_logits = steps.t5x_tokens_to_logits(
-          functools.partial(self._decode_step, params=params))
-      cache_offset = steps.CACHE_OFFSET
-    if pipeline:
-      decoder_params.update(
-          pipeline_step_fn=functools.partial(self._pipeline_step,
-                                             params=params),
-          initial_carry=inference.initial_carry(self.config, inputs.shape[0]),
-          return_stats=True)
     outputs = self._decode_fn(
-        inputs=inputs, cache=cache, tokens_to_logits=tokens_to_logits,
-        num_decodes=num_decodes, initial_index=initial_index,
-        cache_offset=cache_offset, **decoder_params)
+        num_decodes=num_decodes,
+        **self._bound(params).decode_fn_kwargs(self._decode_fn, inputs, cache,
+                                               initial_index),
+        **decoder_params)
     decodes, scores = outputs[:2]
     if return_all_decodes:
       aux = {'scores': scores}
     else:
       decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
-    if pipeline:
+    if steps.uses_pipeline(self._decode_fn):
       for field in dataclasses.fields(outputs[2]):
         aux[f'speed/{field.name}'] = getattr(outputs[2], field.name)
     return t5x_models.remove_prefix(decodes, initial_index), aux
+
+
+def write_inferences_with_speed_statistics(
+    output_fname: str, inferences, task_ds, mode: str, vocabulary=None, *,
+    summary_dir: Optional[str] = None, **kwargs) -> None:
+  """T5X's `write_inferences_to_file`, plus SPEED's statistics as metrics.
+
+  A `t5x.infer` write_fn (gin/runs/infer.gin binds it): after writing the
+  predictions of a chunk as T5X does, sums the per-example
+  aux['speed/...'] counters of 'predict_with_aux' mode over the chunk
+  (`decoding.SpeedStats.summary`: steps per token, flushes, flip rate per
+  stage, occupancy), logs them, appends them with the chunk's file name to
+  `summary_dir`/speed_statistics.jsonl and writes them as TensorBoard scalars
+  under `summary_dir`/speed_statistics (step: the chunk's number). Nothing
+  extra is written for decode fns without statistics.
+
+  Args:
+    output_fname, inferences, task_ds, mode, vocabulary, **kwargs: as
+      `t5x.infer.write_inferences_to_file`.
+    summary_dir: where the statistics go; None only logs them.
+  """
+  from t5x import infer as t5x_infer  # pylint: disable=g-import-not-at-top
+  t5x_infer.write_inferences_to_file(output_fname, inferences, task_ds, mode,
+                                     vocabulary, **kwargs)
+  stats = decoding.SpeedStats.from_aux(inferences[1]) if mode == (
+      'predict_with_aux') else None
+  if stats is None:
+    return
+  summary = {f'speed/{k}': v for k, v in stats.summary().items()}
+  logging.info('SPEED statistics of %s: %s', output_fname, summary)
+  if summary_dir is None:
+    return
+  os.makedirs(summary_dir, exist_ok=True)
+  path = os.path.join(summary_dir, 'speed_statistics.jsonl')
+  chunk = 0
+  if os.path.exists(path):
+    with open(path) as f:
+      chunk = sum(1 for _ in f)
+  with open(path, 'a') as f:
+    f.write(json.dumps({'file': os.path.basename(output_fname), **summary})
+            + '\n')
+  writer = metric_writers.create_default_writer(
+      os.path.join(summary_dir, 'speed_statistics'), just_logging=False)
+  writer.write_scalars(chunk, summary)
+  writer.close()

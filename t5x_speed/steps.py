@@ -1,10 +1,17 @@
-"""The cache of a `SpeedTransformer` as T5X's decode fns expect it.
+"""A `SpeedTransformer`'s steps, as every decode fn takes them.
 
-`network.KVCache` keeps, per pass position j, keys and values of shape
-[R, batch, heads, length, head_dim] (stage first, so SPEED's attention reads
-each stage's cache without a transpose). Our decode fns (`decoding.greedy_decode`,
-`decoding.speed_decode`) take it as is and pass each example's position in
-`DecodingState.cur_index`.
+`BoundSteps` is the one place that turns a module and its parameters into a
+decode fn's arguments: the prefill, the full-depth step, SPEED's pipelined
+step with its stage count and initial carry, and the cache in the form the
+decode fn expects (`decode_fn_kwargs`). `models.SpeedDecoderOnlyModel`,
+`inference.generate`, the benchmark, the fuzz runner and the tests all go
+through it.
+
+The cache: `network.KVCache` keeps, per pass position j, keys and values of
+shape [R, batch, heads, length, head_dim] (stage first, so SPEED's attention
+reads each stage's cache without a transpose). Our decode fns
+(`decoding.greedy_decode`, `decoding.speed_decode`) take it as is and pass
+each example's position in `DecodingState.cur_index`.
 
 T5X's decode fns (`t5x.decoding.beam_search`, `temperature_sample` with
 `num_decodes > 1`) instead reshape and reorder every cache leaf with
@@ -32,11 +39,16 @@ Example:
   [3, 1]
 """
 
-from typing import Any, Callable, Dict, Tuple
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
+from t5x_speed import decode_args
+from t5x_speed import decoding
 from t5x_speed import network
 
 Array = jax.Array
@@ -117,3 +129,154 @@ def t5x_tokens_to_logits(decode_step: DecodeStepFn):
     return logits, to_t5x_cache(kv, state.cache[INDEX] + 1)
 
   return tokens_to_logits
+
+
+def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
+  """Whether `decode_fn` takes SPEED's pipelined step (`pipeline_step_fn`)."""
+  try:
+    return 'pipeline_step_fn' in inspect.signature(decode_fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+def takes_kv_cache(decode_fn: Callable[..., Any]) -> bool:
+  """Whether `decode_fn` is one of ours, which take the `network.KVCache`.
+
+  Others (T5X's), unless they take SPEED's `pipeline_step_fn`, get the cache
+  as `to_t5x_cache` makes it. Partials and wrappers (gin's) are looked
+  through.
+  """
+  fn = decode_fn
+  while True:
+    if isinstance(fn, functools.partial):
+      fn = fn.func
+    elif hasattr(fn, '__wrapped__'):
+      fn = fn.__wrapped__
+    else:
+      break
+  return fn in (decoding.greedy_decode, decoding.speed_decode)
+
+
+def prefix_attention(initial_index: Array, length: int) -> Array:
+  """[batch, length] prefix-LM region: BOS and the prompt, positions <=
+  initial_index, attend to each other (T5X's
+  `inputs_bidirectional_attention`)."""
+  return (jnp.arange(length) <= initial_index[:, None]).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BoundSteps:
+  """A `SpeedTransformer` bound to its parameters, as decode fns call it.
+
+  Attributes:
+    module: the network.
+    params: its parameters.
+    speculative_vocab_size: None, or an integer >= 1: SPEED's speculative
+      exits score only this many first token ids (see
+      `network.Decoder.speed_step`).
+
+  Example (greedy and SPEED from the same prefill):
+    >>> import jax, jax.numpy as jnp
+    >>> from t5x_speed import decoding, network
+    >>> cfg = network.TransformerConfig(vocab_size=16, emb_dim=8, num_heads=2,
+    ...     head_dim=4, mlp_dim=16, num_unique_layers=2, num_repeats=3)
+    >>> module = network.SpeedTransformer(cfg)
+    >>> tokens = jnp.ones((1, 4), jnp.int32)
+    >>> params = module.init(jax.random.PRNGKey(0), tokens, tokens,
+    ...                      enable_dropout=False)['params']
+    >>> bound = BoundSteps(module, params)
+    >>> inputs = jnp.array([[0, 3, 4, 0, 0, 0, 0]])   # BOS, prompt, room
+    >>> lengths = jnp.array([2])
+    >>> cache = bound.prefill(inputs, lengths)
+    >>> outputs = {
+    ...     fn.__name__: fn(**bound.decode_fn_kwargs(fn, inputs, cache,
+    ...                                               lengths), eos_id=1)
+    ...     for fn in (decoding.greedy_decode, decoding.speed_decode)}
+    >>> bool((outputs['greedy_decode'][0] == outputs['speed_decode'][0]).all())
+    True
+    >>> sorted(bound.decode_fn_kwargs(decoding.speed_decode, inputs, cache,
+    ...                               lengths))  # doctest: +NORMALIZE_WHITESPACE
+    ['cache', 'cache_offset', 'initial_carry', 'initial_index', 'inputs',
+     'num_stages', 'pipeline_step_fn', 'return_stats', 'tokens_to_logits']
+  """
+
+  module: network.SpeedTransformer
+  params: Any
+  speculative_vocab_size: Optional[int] = None
+
+  def __post_init__(self):
+    decode_args.check_speculative_vocab_size(self.speculative_vocab_size)
+
+  @property
+  def config(self) -> network.TransformerConfig:
+    return self.module.config
+
+  def _apply(self, *args, method: str):
+    return self.module.apply({'params': self.params}, *args, method=method)
+
+  def prefill(self, inputs: Array, initial_index: Array,
+              causal_attention: Optional[Array] = None,
+              cache_length: Optional[int] = None) -> network.KVCache:
+    """Caches positions < initial_index of BOS-shifted `inputs` [batch, L].
+
+    `causal_attention`: optional [batch, L] prefix-LM region attending
+    bidirectionally (`prefix_attention`, or T5X's decoder_causal_attention).
+    `cache_length` (>= L) sizes the cache, so `inputs` need only span the
+    prompts.
+    """
+    return self._apply(inputs, initial_index, causal_attention, cache_length,
+                       method='prefill')[1]
+
+  def decode_step(self, tokens: Array, positions: Array,
+                  cache: network.KVCache) -> Tuple[Array, network.KVCache]:
+    """Full depth: (tokens [B], positions [B], cache) -> (logits [B, V],
+    cache)."""
+    return self._apply(tokens, positions, cache, method='decode_step')
+
+  def tokens_to_logits(self, state) -> Tuple[Array, network.KVCache]:
+    """`decode_step` at each example's `cur_index` (our decode fns)."""
+    return self.decode_step(state.cur_token[:, 0], state.cur_index,
+                            state.cache)
+
+  def pipeline_step(self, tokens: Array, carry: Array, positions: Array,
+                    cache: network.KVCache):
+    """SPEED's step (`decoding.PipelineStepFn`), see `Decoder.speed_step`."""
+    return self._apply(tokens, carry, positions, cache,
+                       self.speculative_vocab_size, method='speed_step')
+
+  def initial_carry(self, batch: int) -> Array:
+    """Hidden states entering stages 1..R-1 of an empty pipeline:
+    zeros [batch, R-1, emb]."""
+    return jnp.zeros((batch, self.config.num_repeats - 1,
+                      self.config.emb_dim), self.config.dtype)
+
+  def decode_fn_kwargs(self, decode_fn: Callable[..., Any], inputs: Array,
+                       cache: network.KVCache,
+                       initial_index: Array) -> Dict[str, Any]:
+    """The model's arguments for `decode_fn`, after a prefill.
+
+    Args:
+      decode_fn: SPEED (takes `pipeline_step_fn`), our greedy, or any of
+        T5X's decode fns.
+      inputs: [batch, length] BOS-shifted prompts.
+      cache: the prefilled `KVCache`.
+      initial_index: [batch] prompt lengths.
+
+    Returns:
+      inputs, cache, initial_index, tokens_to_logits and cache_offset in the
+      form `decode_fn` takes them; for SPEED also pipeline_step_fn,
+      num_stages, initial_carry and return_stats=True. The caller adds
+      eos_id, limits and sampling parameters.
+    """
+    kwargs = dict(inputs=inputs, cache=cache, initial_index=initial_index,
+                  tokens_to_logits=self.tokens_to_logits, cache_offset=0)
+    if uses_pipeline(decode_fn):
+      kwargs.update(pipeline_step_fn=self.pipeline_step,
+                    num_stages=self.config.num_repeats,
+                    initial_carry=self.initial_carry(inputs.shape[0]),
+                    return_stats=True)
+    elif not takes_kv_cache(decode_fn):
+      kwargs.update(cache=to_t5x_cache(cache, initial_index),
+                    tokens_to_logits=t5x_tokens_to_logits(self.decode_step),
+                    cache_offset=CACHE_OFFSET)
+    return kwargs

@@ -16,6 +16,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from t5x_speed.tasks import metrics
+
 DEMO_TASK = 'speed_demo_numbers'
 DEMO_SEQUENCE_LENGTH = {'inputs': 24, 'targets': 112}
 MAX_NUMBER = 100_000
@@ -110,4 +112,4 @@ def register_demo_task(overwrite: bool = True) -> None:
       output_features={
           'inputs': seqio.Feature(vocabulary, add_eos=True),
           'targets': seqio.Feature(vocabulary, add_eos=True)},
-      metric_fns=[exact_match])
+      metric_fns=[metrics.with_speed_statistics(exact_match)])

@@ -1,13 +1,18 @@
 """Evaluation metrics of the finetuning tasks, computed as T5 computes them.
 
 seqio calls each with the targets and predictions of a split, as strings.
+`with_speed_statistics` adds SPEED's decoding statistics from the model's
+aux outputs, so that `t5x.eval` and training's inference evaluation log
+them next to the task metric.
 """
 
-from typing import Dict, Sequence
+from typing import Any, Callable, Dict, Mapping, Sequence
 
 import sacrebleu
 from rouge_score import rouge_scorer
 from rouge_score import scoring
+
+from t5x_speed import decoding
 
 ROUGE_KEYS = ('rouge1', 'rouge2', 'rougeLsum')
 
@@ -89,3 +94,50 @@ def rouge(targets: Sequence[str],
                                        prediction=_prepare_summary(prediction)))
   result = aggregator.aggregate()
   return {key: float(result[key].mid.fmeasure * 100) for key in score_keys}
+
+
+MetricFn = Callable[[Sequence[str], Sequence[str]], Dict[str, float]]
+
+
+def speed_statistics(aux_values: Mapping[str, Any]) -> Dict[str, float]:
+  """SPEED's statistics over a split, from its per-example aux values.
+
+  `SpeedDecoderOnlyModel.predict_batch_with_aux` writes each example's
+  `speed/<field>` counters; this sums them over the split:
+  speed/steps_per_token, speed/flushes (with speed/flushes/stage_r), the
+  flip rate of each stage's exit against the previous stage's
+  (speed/flip_rate/stage_r), speed/occupancy, speed/tokens,
+  speed/invalid_examples. Empty for decode fns without statistics (greedy).
+
+  Example (two examples of a 2-stage model):
+
+  >>> aux = {'speed/num_steps': [5, 4], 'speed/num_tokens': [4, 3],
+  ...        'speed/occupied_slots': [8, 6], 'speed/flushes': [[0, 1], [0, 0]],
+  ...        'speed/stage_evaluations': [[5, 4], [4, 3]],
+  ...        'speed/stage_flips': [[0, 1], [0, 0]], 'speed/invalid': [0, 0]}
+  >>> stats = speed_statistics(aux)
+  >>> stats['speed/steps_per_token'], stats['speed/flip_rate/stage_2']
+  (1.2857142857142858, 0.14285714285714285)
+  >>> speed_statistics({'scores': [0.0]})
+  {}
+  """
+  stats = decoding.SpeedStats.from_aux(aux_values)
+  if stats is None:
+    return {}
+  return {f'speed/{k}': v for k, v in stats.summary().items()}
+
+
+def with_speed_statistics(metric_fn: MetricFn):
+  """`metric_fn` as a seqio predict-with-aux metric adding `speed_statistics`.
+
+  One decode serves both: seqio runs the model's `predict_batch_with_aux`
+  for metric fns taking (targets, predictions, aux_values).
+  """
+
+  def metric_with_speed_statistics(targets, predictions, aux_values):
+    return {**metric_fn(targets, predictions), **speed_statistics(aux_values)}
+
+  # Not functools.wraps: seqio reads the signature, which must stay this one.
+  metric_with_speed_statistics.__name__ = metric_fn.__name__
+  metric_with_speed_statistics.metric_fn = metric_fn
+  return metric_with_speed_statistics

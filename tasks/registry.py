@@ -135,7 +135,7 @@ def _finetuning_tasks(features, paragraph_data_dir, tfds_data_dir):
             seqio.preprocessors.append_eos_after_trim,
         ],
         output_features=features,
-        metric_fns=[metric_fn],
+        metric_fns=[metrics.with_speed_statistics(metric_fn)],
     )
 
   en_to_de = functools.partial(preprocessors.translate, source_language='en',

@@ -23,7 +23,8 @@ def _decoders():
       'greedy': lambda **k: decoding.greedy_decode(inputs, None, to_logits, 1,
                                                    **k),
       'speed': lambda **k: decoding.speed_decode(
-          inputs, None, eos_id=1, pipeline_step_fn=step, initial_carry=carry,
+          inputs, None, eos_id=1, pipeline_step_fn=step, num_stages=carry.shape[1] + 1,
+          initial_carry=carry,
           **k),
   }
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from t5x_speed import decoding
 from t5x_speed import inference
+from t5x_speed import steps
 from helpers import tiny_model
 
 VOCAB = 13
@@ -43,7 +44,9 @@ def _speed(table, length, **kwargs):
   step, _, carry = toy_pipeline(table)
   inputs = jnp.zeros((1, length), jnp.int32)
   return decoding.speed_decode(inputs, jnp.zeros(()), eos_id=1,
-                               pipeline_step_fn=step, initial_carry=carry,
+                               pipeline_step_fn=step,
+                               num_stages=carry.shape[1] + 1,
+                               initial_carry=carry,
                                return_stats=True, record_schedule=True,
                                **kwargs)
 
@@ -163,6 +166,7 @@ class BadInputTest(parameterized.TestCase):
                                            1, **k),
         lambda **k: decoding.speed_decode(self.inputs, None, eos_id=1,
                                           pipeline_step_fn=self.step,
+                                          num_stages=self.carry.shape[1] + 1,
                                           initial_carry=self.carry, **k)):
       with self.assertRaisesRegex(ValueError, name):
         decode(**kwargs)
@@ -184,14 +188,13 @@ class BadInputTest(parameterized.TestCase):
 
   def test_cache_shorter_than_inputs(self):
     module, params = tiny_model()
-    cache = inference.prefill(module, params, jnp.zeros((1, 4), jnp.int32),
-                              jnp.array([2]))
-    _, step = inference.step_fns(module, params)
+    bound = steps.BoundSteps(module, params)
+    cache = bound.prefill(jnp.zeros((1, 4), jnp.int32), jnp.array([2]))
+    kwargs = bound.decode_fn_kwargs(decoding.speed_decode,
+                                    jnp.zeros((1, 8), jnp.int32), cache,
+                                    jnp.array([2]))
     with self.assertRaisesRegex(ValueError, 'cache'):
-      decoding.speed_decode(jnp.zeros((1, 8), jnp.int32), cache, eos_id=1,
-                            pipeline_step_fn=step,
-                            initial_carry=inference.initial_carry(
-                                module.config, 1))
+      decoding.speed_decode(eos_id=1, **kwargs)
 
 
 if __name__ == '__main__':

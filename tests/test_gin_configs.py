@@ -19,6 +19,7 @@ import t5x.infer
 import t5x.train
 
 from t5x_speed import models
+from t5x_speed import steps
 from t5x_speed.tasks import sources
 import helpers
 import t5x_helpers as th
@@ -107,7 +108,7 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual((model.config.num_unique_layers,
                       model.config.num_repeats), (g, r))
     self.assertEqual(model.config.emb_dim, 16)
-    self.assertEqual(models.uses_pipeline(model.decode_fn), r > 1)
+    self.assertEqual(steps.uses_pipeline(model.decode_fn), r > 1)
     batch = th.prefix_lm_batch(seed=1, batch=2, length=12)
     params = th.init_params(model, batch)
     loss, metrics = model.loss_fn(params, batch, None)
@@ -226,7 +227,7 @@ class GinConfigTest(parameterized.TestCase):
         (32128, 768, 12, 64, 2048, 2, 6, 'bfloat16'))
     self.assertEqual(model._z_loss, 1e-4)
     self.assertEqual(model.decode_fn.__name__, 'speed_decode')
-    self.assertTrue(models.uses_pipeline(model.decode_fn))
+    self.assertTrue(steps.uses_pipeline(model.decode_fn))
 
   def test_one_flag_switches_decoding(self):
     batch = th.prefix_lm_batch(seed=2, batch=3, length=12)
@@ -272,7 +273,7 @@ class GinConfigTest(parameterized.TestCase):
                 GIN / 'runs' / 'infer.gin', GIN / 'decoding' / name,
                 bindings=[TASK])
     model = self._model()
-    self.assertFalse(models.takes_kv_cache(model.decode_fn))
+    self.assertFalse(steps.takes_kv_cache(model.decode_fn))
     params = th.init_params(model, batch, seed=5)
     # The file binds num_decodes = 4 on predict_batch_with_aux.
     decodes, aux = model.predict_batch_with_aux(

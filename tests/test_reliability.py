@@ -19,6 +19,7 @@ import numpy as np
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import inference
+from t5x_speed import steps
 from helpers import tiny_model
 
 R, V, L = 3, 5, 8
@@ -51,7 +52,8 @@ def decode_fns(stages=R, width=1, **kwargs):
   def speed(inputs, **k):
     carry = jnp.zeros((inputs.shape[0], stages - 1, width))
     return decoding.speed_decode(inputs, None, eos_id=k.pop('eos_id', 1),
-                                 pipeline_step_fn=step, initial_carry=carry,
+                                 pipeline_step_fn=step, num_stages=stages,
+                                 initial_carry=carry,
                                  **kwargs, **k)[:2]
 
   def greedy(inputs, **k):
@@ -84,7 +86,8 @@ class TerminationTest(parameterized.TestCase):
         f = jax.jit(lambda ii: decoding.speed_decode(
             jnp.zeros((1, L), jnp.int32), None, eos_id=1, initial_index=ii,
             max_decode_steps=4, pipeline_step_fn=step,
-            initial_carry=jnp.zeros((1, R - 1, 1)), return_stats=True))
+            num_stages=R, initial_carry=jnp.zeros((1, R - 1, 1)),
+            return_stats=True))
         decodes, scores, stats = f(jnp.array([-1]))
         print(np.asarray(decodes).tolist(), float(scores[0, 0]),
               int(stats.invalid[0]))
@@ -116,7 +119,8 @@ class TerminationTest(parameterized.TestCase):
     step, _ = constant_pipeline()
     f = jax.jit(lambda ii: decoding.speed_decode(
         jnp.zeros((2, L), jnp.int32), None, eos_id=-1, initial_index=ii,
-        pipeline_step_fn=step, initial_carry=jnp.zeros((2, R - 1, 1)),
+        pipeline_step_fn=step, num_stages=R,
+        initial_carry=jnp.zeros((2, R - 1, 1)),
         return_stats=True))
     _, _, stats = f(jnp.array([0, 3]))
     # No EOS: each example runs to the end of the buffer, R - 1 fill steps
@@ -170,7 +174,8 @@ class TokenIdTest(parameterized.TestCase):
     step, _ = constant_pipeline()
     f = jax.jit(lambda x, ii: decoding.speed_decode(
         x, None, eos_id=1, initial_index=ii, pipeline_step_fn=step,
-        initial_carry=jnp.zeros((3, R - 1, 1)), return_stats=True)[2])
+        num_stages=R, initial_carry=jnp.zeros((3, R - 1, 1)),
+        return_stats=True)[2])
     inputs = jnp.zeros((3, L), jnp.int32).at[1, 1].set(-2)
     stats = f(inputs, jnp.array([L, 1, 1]))
     np.testing.assert_array_equal(stats.invalid, [
@@ -220,19 +225,25 @@ class TokenIdTest(parameterized.TestCase):
 class ArgumentTest(parameterized.TestCase):
   """Items 5 and 6."""
 
-  @parameterized.parameters(
-      ((1, 3, 32), r'R = 4 stages'),   # the model has R = 3, width 32
-      ((1, 1, 32), r'R = 2 stages'),
-      ((1, 2, 16), r'R = 3 stages, width 16'),
-      ((1, 2), r'\[batch=1, R-1, width\]'),
+  @parameterized.parameters(   # the model has R = 3 stages of width 32
+      (4, (1, 3, 32), r'num_stages R = 4 and initial_carry .*\(1, 3, 32\)'),
+      (2, (1, 1, 32), r'num_stages R = 2 and initial_carry .*\(1, 1, 32\)'),
+      (3, (1, 2, 16), r'num_stages R = 3 and initial_carry .*width 16'),
+      (3, (1, 2), r'initial_carry must be \[batch=1, R-1=2, width\]'),
+      (3, (1, 3, 32), r'initial_carry must be \[batch=1, R-1=2, width\]'),
+      (0, (1, 2, 32), r'num_stages must be an integer >= 1, got 0'),
+      (3.0, (1, 2, 32), r'num_stages must be an integer >= 1, got 3.0'),
   )
-  def test_initial_carry_mismatch_names_r(self, carry_shape, message):
+  def test_stage_count_or_carry_mismatch_names_r(self, num_stages,
+                                                 carry_shape, message):
     module, params = tiny_model()
     inputs = jnp.zeros((1, L), jnp.int32)
-    cache = inference.prefill(module, params, inputs, jnp.array([0]))
-    _, step = inference.step_fns(module, params)
-    with self.assertRaisesRegex(ValueError, f'initial_carry.*{message}'):
-      decoding.speed_decode(inputs, cache, eos_id=1, pipeline_step_fn=step,
+    bound = steps.BoundSteps(module, params)
+    cache = bound.prefill(inputs, jnp.array([0]))
+    with self.assertRaisesRegex(ValueError, message):
+      decoding.speed_decode(inputs, cache, eos_id=1,
+                            pipeline_step_fn=bound.pipeline_step,
+                            num_stages=num_stages,
                             initial_carry=jnp.zeros(carry_shape))
 
   @parameterized.parameters(0, -3, 2.5, True)
@@ -240,7 +251,7 @@ class ArgumentTest(parameterized.TestCase):
     module, params = tiny_model()
     with self.assertRaisesRegex(ValueError, 'speculative_vocab_size must be '
                                 'an integer >= 1'):
-      inference.step_fns(module, params, speculative_vocab_size=value)
+      steps.BoundSteps(module, params, speculative_vocab_size=value)
     with self.assertRaisesRegex(ValueError, 'speculative_vocab_size'):
       inference.generate(module, params, np.array([[3, 4]]), np.array([2]),
                          max_decode_steps=3, speculative_vocab_size=value)

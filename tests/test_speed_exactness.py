@@ -11,6 +11,7 @@ import numpy as np
 
 from t5x_speed import decoding
 from t5x_speed import inference
+from t5x_speed import steps
 from helpers import tiny_model
 
 VOCAB = 13     # small, so random models often produce EOS mid-batch
@@ -155,21 +156,22 @@ class ShortlistTest(parameterized.TestCase):
     np.testing.assert_array_equal(short.tokens, full.tokens)
 
 
-def _decode_with(module, params, prompts, lengths, steps, wrap):
+def _decode_with(module, params, prompts, lengths, max_steps, wrap):
   """speed_decode with `wrap(step_fn, prefilled_cache, lengths)`."""
   @jax.jit
   def run(params, prompts, lengths):
-    inputs, cache = inference.prepare(module, params, prompts, lengths, steps)
-    _, step = inference.step_fns(module, params)
-    return decoding.speed_decode(
-        inputs, cache, eos_id=1, initial_index=lengths,
-        max_decode_steps=steps, pipeline_step_fn=wrap(step, cache, lengths),
-        initial_carry=inference.initial_carry(module.config, inputs.shape[0]),
-        return_stats=True)
+    bound = steps.BoundSteps(module, params)
+    inputs, cache = inference.prepare(bound, prompts, lengths, max_steps)
+    kwargs = bound.decode_fn_kwargs(decoding.speed_decode, inputs, cache,
+                                    lengths)
+    kwargs['pipeline_step_fn'] = wrap(bound.pipeline_step, cache, lengths)
+    return decoding.speed_decode(eos_id=1, max_decode_steps=max_steps,
+                                 **kwargs)
 
   decodes, scores, stats = run(params, prompts, lengths)
   return inference.Generation(
-      inference.produced_tokens(decodes, lengths, steps), scores[:, 0], stats)
+      inference.produced_tokens(decodes, lengths, max_steps), scores[:, 0],
+      stats)
 
 
 class AdversarialSpeculationTest(parameterized.TestCase):
@@ -230,15 +232,13 @@ class RaggedBatchTest(absltest.TestCase):
     lengths = jnp.array([3, 6, 1])
     # One shared buffer: the long prompt reaches the cache end first.
     inputs = inference.build_inputs(prompts, lengths, 4)
-    cache = inference.prefill(module, params, inputs, lengths)
-    to_logits, step = inference.step_fns(module, params)
+    bound = steps.BoundSteps(module, params)
+    cache = bound.prefill(inputs, lengths)
+    kwargs = lambda fn: bound.decode_fn_kwargs(fn, inputs, cache, lengths)
     speed, _, stats = decoding.speed_decode(
-        inputs, cache, eos_id=1, initial_index=lengths,
-        pipeline_step_fn=step,
-        initial_carry=inference.initial_carry(module.config, 3),
-        return_stats=True)
-    greedy, _ = decoding.greedy_decode(inputs, cache, to_logits, 1,
-                                       initial_index=lengths)
+        eos_id=1, **kwargs(decoding.speed_decode))
+    greedy, _ = decoding.greedy_decode(eos_id=1,
+                                       **kwargs(decoding.greedy_decode))
     np.testing.assert_array_equal(speed, greedy)
     length = inputs.shape[1]
     expected = [_produced_count(np.asarray(greedy[b, 0, int(lengths[b]):])[None],

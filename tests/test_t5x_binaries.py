@@ -1,9 +1,11 @@
 """End to end through T5X's stock train / eval / infer binaries.
 
 Trains a tiny 2x3 shared model on a seqio task built here (local text, a
-SentencePiece model trained here), evaluates it, and runs inference once with
-SPEED and once with greedy decoding: the prediction files must be identical;
-then with T5X's beam search and multi-sample decoding.
+SentencePiece model trained here), evaluates it (the task metric with SPEED's
+statistics, and per-exit metrics), and runs inference once with SPEED and
+once with greedy decoding: the prediction files must be identical, and
+SPEED's statistics are written as metrics; then with T5X's beam search and
+multi-sample decoding.
 Skipped when T5X is absent (it is not on PyPI).
 """
 
@@ -33,6 +35,7 @@ TASK_MODULE = textwrap.dedent('''\
     import os
     import seqio
     import tensorflow as tf
+    from t5x_speed.tasks import metrics
 
     DATA = os.path.dirname(os.path.abspath(__file__))
     VOCAB = seqio.SentencePieceVocabulary(os.path.join(DATA, 'spm.model'))
@@ -58,7 +61,7 @@ TASK_MODULE = textwrap.dedent('''\
         output_features={
             'inputs': seqio.Feature(VOCAB, add_eos=True),
             'targets': seqio.Feature(VOCAB, add_eos=True)},
-        metric_fns=[exact_match])
+        metric_fns=[metrics.with_speed_statistics(exact_match)])
     ''')
 WORDS = ('red green blue black white cat dog bird fish tree house car road '
          'sun moon star').split()
@@ -177,8 +180,23 @@ class StockBinariesTest(absltest.TestCase):
             f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
         *[functools.partial(infer, name) for name in decodings])
     predictions = dict(zip(decodings, results[1:]))
-    self.assertTrue(glob.glob(os.path.join(eval_dir, '**', '*'),
-                              recursive=True))
+    # t5x.eval: the task metric with SPEED's statistics over the split
+    # (tasks/metrics.py), and each exit's loss, accuracy and flip rate from
+    # the training evaluator.
+    eval_scalars = {}
+    for events in glob.glob(os.path.join(eval_dir, '**', 'events.out.*'),
+                            recursive=True):
+      for tag, values in _scalars(os.path.dirname(events)).items():
+        eval_scalars[os.path.relpath(os.path.dirname(events), eval_dir) + ':'
+                     + tag] = values
+    tags = {t.split(':', 1)[1] for t in eval_scalars}
+    for tag in ('exact_match', 'speed/steps_per_token', 'speed/flushes',
+                'speed/flip_rate/stage_3', 'exit_1/loss', 'exit_3/loss',
+                'exit_1/accuracy', 'exit_3/flip_rate'):
+      self.assertTrue(any(t.endswith(tag) for t in tags), (tag, tags))
+    steps_per_token = [v for t, v in eval_scalars.items()
+                       if t.endswith('speed/steps_per_token')][0]
+    self.assertGreaterEqual(min(steps_per_token.values()), 1.0)
     self.assertLen(predictions['speed'], 12)
     text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
     self.assertEqual(text(predictions['speed']), text(predictions['greedy']))
@@ -188,6 +206,20 @@ class StockBinariesTest(absltest.TestCase):
       self.assertGreaterEqual(row['aux']['speed/num_steps'],
                               row['aux']['speed/num_tokens'])
     self.assertNotIn('speed/num_steps', predictions['greedy'][0]['aux'])
+    # ... and their sums as metrics (infer.gin's write_fn).
+    with open(os.path.join(root, 'infer_speed', 'speed_statistics.jsonl')) as f:
+      (summary,) = [json.loads(line) for line in f]
+    total = lambda field: sum(r['aux'][f'speed/{field}']
+                              for r in predictions['speed'])
+    self.assertAlmostEqual(summary['speed/steps_per_token'],
+                           total('num_steps') / total('num_tokens'))
+    self.assertEqual(summary['speed/tokens'], total('num_tokens'))
+    self.assertIn('speed/flip_rate/stage_2', summary)
+    self.assertIn('speed/steps_per_token',
+                  _scalars(os.path.join(root, 'infer_speed',
+                                        'speed_statistics')))
+    self.assertFalse(os.path.exists(
+        os.path.join(root, 'infer_greedy', 'speed_statistics.jsonl')))
 
     # T5X's beam search and multi-sample decoding on the shared model.
     for name in ('beam_search', 'sample'):

@@ -280,11 +280,11 @@ class T5XDecodeFnsTest(parameterized.TestCase):
         model.predict_batch(params, batch))
 
   def test_which_decode_fns_take_the_kv_cache(self):
-    self.assertTrue(models.takes_kv_cache(decoding.greedy_decode))
-    self.assertTrue(models.takes_kv_cache(
+    self.assertTrue(steps.takes_kv_cache(decoding.greedy_decode))
+    self.assertTrue(steps.takes_kv_cache(
         functools.partial(decoding.speed_decode, max_decode_steps=3)))
-    self.assertFalse(models.takes_kv_cache(BEAM))
-    self.assertFalse(models.takes_kv_cache(t5x_decoding.temperature_sample))
+    self.assertFalse(steps.takes_kv_cache(BEAM))
+    self.assertFalse(steps.takes_kv_cache(t5x_decoding.temperature_sample))
 
   def test_t5x_cache_expands_and_reorders_per_example(self):
     # T5X's helpers on the T5X-form cache move whole examples: batch axis 1.

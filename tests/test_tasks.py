@@ -169,13 +169,28 @@ class RegistrationTest(TasksTestBase):
         self.assertTrue(feature.add_eos)
         self.assertEqual(feature.vocabulary.sentencepiece_model_file,
                          self.vocab_path)
-    for name in ('speed_wmt_ende', 'speed_paracrawl_ende',
-                 'speed_paracrawl_paragraph_ende'):
-      self.assertEqual(seqio.get_mixture_or_task(name).metric_fns,
-                       [metrics.bleu])
-    for name in ('speed_cnn_dailymail', 'speed_wikilingua_en'):
-      self.assertEqual(seqio.get_mixture_or_task(name).metric_fns,
-                       [metrics.rouge])
+    aux = {'speed/num_steps': [6], 'speed/num_tokens': [3],
+           'speed/occupied_slots': [9], 'speed/flushes': [[0, 1]],
+           'speed/stage_evaluations': [[6, 5]], 'speed/stage_flips': [[0, 1]],
+           'speed/invalid': [0]}
+    for names, metric in ((('speed_wmt_ende', 'speed_paracrawl_ende',
+                            'speed_paracrawl_paragraph_ende'), metrics.bleu),
+                          (('speed_cnn_dailymail', 'speed_wikilingua_en'),
+                           metrics.rouge)):
+      for name in names:
+        # One predict-with-aux metric: a single decode gives the task metric
+        # and SPEED's statistics.
+        task = seqio.get_mixture_or_task(name)
+        self.assertEmpty(task.predict_metric_fns)
+        (metric_fn,) = task.predict_with_aux_metric_fns
+        self.assertIs(metric_fn.metric_fn, metric)
+        got = metric_fn(['a b c d'], ['a b c d'], aux)
+        self.assertAlmostEqual(got[metric.__name__ if metric is metrics.bleu
+                                   else 'rouge1'], 100.0)
+        self.assertEqual(got['speed/steps_per_token'], 2.0)
+        self.assertEqual(got['speed/flip_rate/stage_2'], 0.2)
+        self.assertEqual(metric_fn(['a'], ['a'], {}).keys(),
+                         metric(['a'], ['a']).keys())
 
   def test_tfds_names_and_splits(self):
     for name, tfds_name in TFDS_NAMES.items():
