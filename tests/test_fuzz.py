@@ -6,6 +6,8 @@ are rare enough that one would deserve a look). The runner itself must catch a
 broken SPEED and tell a near-tie from a real bug.
 """
 
+import functools
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
@@ -35,6 +37,7 @@ class FuzzSliceTest(absltest.TestCase):
   def test_catches_a_broken_speed(self):
     real = decoding.speed_decode
 
+    @functools.wraps(real)  # still SPEED to steps.BoundSteps
     def off_by_one(*args, **kwargs):
       decodes, scores, stats = real(*args, **kwargs)
       # Change the last position's token of every row: a real bug wherever
