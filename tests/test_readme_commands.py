@@ -130,7 +130,8 @@ class ReadmeCommandsTest(absltest.TestCase):
     proc = _run(infer, flags, self.env)
     self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
     out_dir = self.root + _gin_value(infer, 'INFER_OUTPUT_DIR').strip('\'"')
-    files = [f for f in glob.glob(os.path.join(out_dir, '*.jsonl*'))
+    files = [f for f in glob.glob(os.path.join(out_dir,
+                                               'speed_demo_numbers-*.jsonl*'))
              if not f.endswith('.COMPLETED')]
     self.assertLen(files, 1)
     with open(files[0]) as f:
@@ -140,6 +141,11 @@ class ReadmeCommandsTest(absltest.TestCase):
       aux = row['aux']
       self.assertGreaterEqual(aux['speed/num_steps'], aux['speed/num_tokens'])
       self.assertGreater(aux['speed/num_tokens'], 0)
+    # The README's statistics file: their sums over the predictions.
+    with open(os.path.join(out_dir, 'speed_statistics.jsonl')) as f:
+      (summary,) = [json.loads(line) for line in f]
+    self.assertEqual(summary['speed/tokens'],
+                     sum(r['aux']['speed/num_tokens'] for r in rows))
 
   def test_paper_commands_reach_the_data_preparation_error(self):
     commands = self._paper_commands()
