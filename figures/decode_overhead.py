@@ -12,7 +12,7 @@ def to_logits(state):
   return pred(state.cur_index), state.cache + 1
 @jax.jit
 def speed(inputs):
-  d, _, st = decoding.speed_decode(inputs=inputs, cache=jnp.zeros(()), pipeline_step_fn=pipeline,
+  d, _, st = decoding.speed_decode(inputs=inputs, cache=jnp.zeros(()), pipeline_step_fn=pipeline, num_stages=R,
       initial_carry=jnp.zeros((B, R - 1, E)), eos_id=1, initial_index=jnp.zeros((B,), jnp.int32),
       max_decode_steps=L - 1, return_stats=True)
   return d, st.num_steps
