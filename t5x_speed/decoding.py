@@ -422,8 +422,8 @@ def speed_decode(inputs: Array,
 
   Raises:
     ValueError: for bad arguments, see the module docstring; also when
-      `num_stages` or `initial_carry` do not match `pipeline_step_fn`, and for sampling parameters
-      (`check_greedy_params`).
+      `num_stages` or `initial_carry` do not match `pipeline_step_fn`, and
+      for sampling parameters (`check_greedy_params`).
   """
   del tokens_to_logits, decode_rng
   max_decode_steps = check_greedy_params(
