@@ -3,8 +3,9 @@
 Arguments are checked once, before the loop, and never per step:
 
 * shapes and dtypes (token ids, `initial_index`, `eos_id` and
-  `max_decode_steps` must be integers), `num_decodes` and `cache_offset`
-  always raise `ValueError`;
+  `max_decode_steps` must be integers), `num_decodes` and `cache_offset` (the
+  batch axis of the cache's leaves, an integer >= 0) always raise
+  `ValueError`;
 * values raise `ValueError` where they are concrete: `initial_index` outside
   [0, length), `max_decode_steps` < 1, prompt token ids (positions
   <= initial_index) outside [0, vocab), vocab being the step's logits width;
@@ -110,7 +111,15 @@ class Checked(NamedTuple):
   done: Array            # bool: nothing to produce (invalid or no steps)
 
 
-def check_structure(inputs, num_decodes, cache_offset, cache):
+def check_one_decode(num_decodes) -> None:
+  """Greedy-exact decode fns have one result per example."""
+  if num_decodes != 1:
+    raise ValueError(f'num_decodes={num_decodes}: greedy decoding has one '
+                     'result per example; use num_decodes=1 (or sample with '
+                     '`sampling.sample_decode` / `speed_sample_decode`).')
+
+
+def check_structure(inputs, cache_offset, cache):
   """Checks what never depends on traced values; returns (batch, length)."""
   if getattr(inputs, 'ndim', None) != 2:
     raise ValueError('inputs must be a [batch, length] array, got shape '
@@ -122,12 +131,7 @@ def check_structure(inputs, num_decodes, cache_offset, cache):
   if batch == 0 or length == 0:
     raise ValueError(f'inputs is empty (shape {inputs.shape}): nothing to '
                      'decode.')
-  if num_decodes != 1:
-    raise ValueError(f'num_decodes={num_decodes}: greedy decoding has one '
-                     'result per example; use num_decodes=1.')
-  if cache_offset != 0:
-    raise ValueError(f'cache_offset={cache_offset}: scanned caches are not '
-                     'supported.')
+  check_int('cache_offset', cache_offset, 0)
   cache_length = getattr(cache, 'length', None)
   if cache_length is not None and cache_length < length:
     raise ValueError(f'The cache holds {cache_length} positions but inputs '
@@ -221,7 +225,7 @@ def shape_of(tree):
 
 # At or below this temperature T5X's sampler takes the argmax
 # (t5x.decoding.MIN_TEMPERATURE).
-_MIN_TEMPERATURE = 1e-4
+MIN_TEMPERATURE = 1e-4
 
 
 def check_greedy_params(fn_name: str, temperature: Any = 0.0, topk: Any = 1,
@@ -248,15 +252,24 @@ def check_greedy_params(fn_name: str, temperature: Any = 0.0, topk: Any = 1,
     if not is_concrete(value):
       raise ValueError(f'{fn_name} needs a concrete {name} (it checks that '
                        'it decodes greedily), got a traced value.')
-  hot = bool(np.any(np.asarray(temperature, np.float64) > _MIN_TEMPERATURE))
+  hot = bool(np.any(np.asarray(temperature, np.float64) > MIN_TEMPERATURE))
   topk, topp = np.asarray(topk), np.asarray(topp, np.float64)
   if hot and (np.any(topk != 1) or np.any(topp != 0)):
     raise ValueError(
         f'{fn_name} decodes greedily, token for token, but temperature='
         f'{temperature}, topk={topk}, topp={topp} would sample. Sample with '
-        "T5X's decode fn (--gin.DECODING_FN=@t5x.decoding.temperature_sample "
-        'and bind t5x.decoding.temperature_sample.temperature / topk / topp),'
-        ' or leave temperature at 0 or topk at 1.')
+        '`sampling.speed_sample_decode` (gin/decoding/speed_sample.gin; '
+        'exact SPEED sampling) or `sampling.sample_decode`, or with T5X\'s '
+        'temperature_sample (gin/decoding/sample.gin); or leave temperature '
+        'at 0 or topk at 1.')
+  return apply_hard_limit(max_decode_steps, max_decode_steps_hard_limit)
+
+
+def apply_hard_limit(max_decode_steps: Optional[IntOrArray],
+                     max_decode_steps_hard_limit: Optional[int]
+                     ) -> Optional[IntOrArray]:
+  """`max_decode_steps` capped at `max_decode_steps_hard_limit` if that is
+  > 0, as T5X's sampler caps it; the limit must be None or an integer."""
   limit = max_decode_steps_hard_limit
   if limit is not None and (isinstance(limit, (bool, np.bool_)) or
                             not isinstance(limit, (int, np.integer))):

@@ -28,7 +28,7 @@ once at load with `inference.check_finite`.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Tuple
 
 import flax
 import jax
@@ -87,6 +87,37 @@ def _write(sequences: Array, positions: Array, tokens: Array,
   return sequences.at[rows, positions].set(tokens, mode='drop')
 
 
+class TokenRule(Protocol):
+  """How a decode loop picks each next token (greedy, or `sampling`'s).
+
+  `tokens` sees logits [batch, S, vocab] for S tokens per example (S = 1
+  sequentially, R in SPEED's pipeline) and the position each would fill
+  [batch, S]; it must treat every (example, position) alike wherever it is
+  computed, so that SPEED's final stage picks what the sequential loop picks.
+  `log_prob` scores a picked token [batch] from its logits [batch, vocab].
+  """
+
+  def tokens(self, logits: Array, positions: Array) -> Array:
+    ...
+
+  def log_prob(self, logits: Array, tokens: Array) -> Array:
+    ...
+
+
+class _Argmax:
+  """Greedy: the most likely token, scored by its log-probability."""
+
+  def tokens(self, logits: Array, positions: Array) -> Array:
+    del positions
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+
+  def log_prob(self, logits: Array, tokens: Array) -> Array:
+    return _token_log_prob(logits, tokens)
+
+
+ARGMAX = _Argmax()
+
+
 # ----------------------------------------------------------------------------
 # Greedy
 # ----------------------------------------------------------------------------
@@ -141,7 +172,8 @@ def greedy_decode(inputs: Array,
       (decode from BOS).
     max_decode_steps: optional limit on produced tokens per example (>= 1),
       an integer or [batch] integers.
-    cache_offset: must be 0.
+    cache_offset: the batch axis of the cache's leaves (unused: one decode
+      per example needs no cache expansion).
     decode_rng: ignored (greedy is deterministic); accepted for T5X.
     temperature: T5X's sampling temperature, accepted where it keeps the
       decode greedy (see `check_greedy_params`): 0 (or any with topk 1).
@@ -161,15 +193,44 @@ def greedy_decode(inputs: Array,
   max_decode_steps = check_greedy_params(
       'greedy_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
-  batch, length = decode_args.check_structure(inputs, num_decodes,
-                                              cache_offset, cache)
+  decode_args.check_one_decode(num_decodes)
+  checked = check_sequential(inputs, cache, tokens_to_logits, initial_index,
+                             max_decode_steps, eos_id, cache_offset)
+  sequences, log_prob, ended = sequential_loop(inputs, cache,
+                                               tokens_to_logits, checked,
+                                               ARGMAX)
+  invalid = (checked.invalid != 0) | ~ended
+  scores = jnp.where(invalid, jnp.nan, log_prob)
+  return sequences[:, None, 1:], scores[:, None]
+
+
+def check_sequential(inputs, cache, tokens_to_logits, initial_index,
+                     max_decode_steps, eos_id, cache_offset
+                     ) -> decode_args.Checked:
+  """Checks a full-depth decode's arguments (see the module docstring)."""
+  batch, length = decode_args.check_structure(inputs, cache_offset, cache)
   logits_shape = jax.eval_shape(tokens_to_logits, DecodingState(
       cur_index=jax.ShapeDtypeStruct((batch,), jnp.int32),
       sequences=jax.ShapeDtypeStruct((batch, length), jnp.int32),
       cur_token=jax.ShapeDtypeStruct((batch, 1), jnp.int32),
       cache=decode_args.shape_of(cache)))[0]
-  checked = decode_args.validate(inputs, initial_index, max_decode_steps,
-                                 eos_id, vocab_size=logits_shape.shape[-1])
+  return decode_args.validate(inputs, initial_index, max_decode_steps,
+                              eos_id, vocab_size=logits_shape.shape[-1])
+
+
+def sequential_loop(inputs: Array, cache: Any,
+                    tokens_to_logits: Callable[[DecodingState],
+                                               Tuple[Array, Any]],
+                    checked: decode_args.Checked,
+                    rule: 'TokenRule') -> Tuple[Array, Array, Array]:
+  """One full-depth token per loop step, chosen by `rule`.
+
+  Returns:
+    (sequences [batch, length + 1] with BOS first, summed log-probabilities
+    [batch] of the produced tokens as `rule.log_prob` gives them, ended
+    [batch] bool).
+  """
+  batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = _first_tokens(inputs, initial_index)
 
@@ -185,8 +246,8 @@ def greedy_decode(inputs: Array,
         sequences=state.sequences[:, :length],
         cur_token=state.cur_token[:, None],
         cache=state.cache))
-    token = jnp.argmax(logits, -1).astype(jnp.int32)
     position = state.cur_index + 1
+    token = rule.tokens(logits[:, None], position[:, None])[:, 0]
     ended = state.ended | (live & ((token == checked.eos_id) |
                                    (position >= max_len)))
     return GreedyState(
@@ -195,7 +256,7 @@ def greedy_decode(inputs: Array,
         sequences=_write(state.sequences, position, token, live),
         ended=ended,
         log_prob=state.log_prob + jnp.where(
-            live, _token_log_prob(logits, token), 0.0),
+            live, rule.log_prob(logits, token), 0.0),
         cache=cache,
         step=state.step + 1)
 
@@ -204,9 +265,7 @@ def greedy_decode(inputs: Array,
       ended=checked.done,
       log_prob=jnp.zeros((batch,), jnp.float32), cache=cache,
       step=jnp.zeros((), jnp.int32)))
-  invalid = (checked.invalid != 0) | ~final.ended
-  scores = jnp.where(invalid, jnp.nan, final.log_prob)
-  return final.sequences[:, None, 1:], scores[:, None]
+  return final.sequences, final.log_prob, final.ended
 
 
 # ----------------------------------------------------------------------------
@@ -395,7 +454,8 @@ def speed_decode(inputs: Array,
     initial_index: [batch] prompt lengths, in [0, length); defaults to 0.
     max_decode_steps: optional limit on produced tokens per example (>= 1),
       an integer or [batch] integers.
-    cache_offset: must be 0.
+    cache_offset: the batch axis of the cache's leaves (unused: one decode
+      per example needs no cache expansion).
     decode_rng: ignored; accepted for T5X.
     pipeline_step_fn: (tokens [B], carry [B, R-1, E], positions [B, R], cache)
       -> (logits [B, R, V], hidden [B, R, E], cache). Stage r-1's logits
@@ -429,6 +489,26 @@ def speed_decode(inputs: Array,
   max_decode_steps = check_greedy_params(
       'speed_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
+  decode_args.check_one_decode(num_decodes)
+  stages, initial_carry, checked = check_pipeline(
+      inputs, cache, pipeline_step_fn, num_stages, initial_carry,
+      initial_index, max_decode_steps, eos_id, cache_offset)
+  final = pipelined_loop(inputs, cache, pipeline_step_fn, stages,
+                         initial_carry, checked, ARGMAX, record_schedule)
+  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
+  scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
+  outputs = (final.sequences[:, None, 1:], scores[:, None])
+  if return_stats:
+    outputs += (final.stats.replace(invalid=invalid),)
+  if record_schedule:
+    outputs += (final.schedule,)
+  return outputs
+
+
+def check_pipeline(inputs, cache, pipeline_step_fn, num_stages,
+                   initial_carry, initial_index, max_decode_steps, eos_id,
+                   cache_offset) -> Tuple[int, Array, decode_args.Checked]:
+  """Checks a pipelined decode's arguments: (R, initial carry, checked)."""
   if pipeline_step_fn is None or num_stages is None or initial_carry is None:
     raise ValueError(
         'speed_decode needs pipeline_step_fn, num_stages and initial_carry: '
@@ -437,8 +517,7 @@ def speed_decode(inputs: Array,
         '`steps.BoundSteps.decode_fn_kwargs` supplies them). Use '
         'greedy_decode or temperature_sample for other models.')
   stages = decode_args.check_int('num_stages', num_stages, 1)
-  batch, length = decode_args.check_structure(inputs, num_decodes,
-                                              cache_offset, cache)
+  batch, _ = decode_args.check_structure(inputs, cache_offset, cache)
   carry_shape = getattr(initial_carry, 'shape', ())
   if len(carry_shape) != 3 or carry_shape[:2] != (batch, stages - 1):
     raise ValueError(
@@ -465,9 +544,21 @@ def speed_decode(inputs: Array,
         f'([batch, R, vocab], [batch, R, width]): this model has '
         f'R = {hidden_shape.shape[1]} stages of width '
         f'{hidden_shape.shape[-1]}.')
-  initial_carry = jnp.asarray(initial_carry, hidden_shape.dtype)
   checked = decode_args.validate(inputs, initial_index, max_decode_steps,
                                  eos_id, vocab_size=logits_shape.shape[-1])
+  return stages, jnp.asarray(initial_carry, hidden_shape.dtype), checked
+
+
+def pipelined_loop(inputs: Array, cache: Any,
+                   pipeline_step_fn: PipelineStepFn, stages: int,
+                   initial_carry: Array, checked: decode_args.Checked,
+                   rule: TokenRule, record_schedule: bool = False
+                   ) -> SpeedState:
+  """SPEED's loop (see `speed_decode`), each stage's token chosen by `rule`.
+
+  Returns the final `SpeedState` (`stats.invalid` not yet filled in).
+  """
+  batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = _first_tokens(inputs, initial_index)
   rows = jnp.arange(batch)
@@ -484,7 +575,7 @@ def speed_decode(inputs: Array,
     valid = pos >= 0                                             # [B, R]
     logits, hidden, cache = pipeline_step_fn(tok[:, 0], state.carry, pos,
                                              state.cache)
-    preds = jnp.argmax(logits, -1).astype(jnp.int32)             # [B, R]
+    preds = rule.tokens(logits, pos + 1)                         # [B, R]
 
     # The token leaving the last stage commits its final-stage prediction.
     commits = valid[:, -1]
@@ -539,7 +630,7 @@ def speed_decode(inputs: Array,
         sequences=_write(state.sequences, commit_at, committed, commits),
         ended=ended,
         log_prob=state.log_prob + jnp.where(
-            commits, _token_log_prob(logits[:, -1], committed), 0.0),
+            commits, rule.log_prob(logits[:, -1], committed), 0.0),
         cache=cache,
         stats=stats,
         schedule=schedule,
@@ -552,7 +643,7 @@ def speed_decode(inputs: Array,
                              buf(bool), jnp.zeros((), jnp.int32))
   empty = jnp.full((batch, stages - 1), -1, jnp.int32)
   first = jnp.where(checked.done, -1, initial_index)   # done: empty pipeline
-  final = lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
+  return lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
       stage_positions=jnp.concatenate([first[:, None], empty], 1),
       stage_tokens=jnp.concatenate([token0[:, None], 0 * empty], 1),
       stage_last_preds=jnp.zeros((batch, stages), jnp.int32),
@@ -564,11 +655,3 @@ def speed_decode(inputs: Array,
       stats=SpeedStats.zeros(batch, stages),
       schedule=schedule,
       step=jnp.zeros((), jnp.int32)))
-  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
-  scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
-  outputs = (final.sequences[:, None, 1:], scores[:, None])
-  if return_stats:
-    outputs += (final.stats.replace(invalid=invalid),)
-  if record_schedule:
-    outputs += (final.schedule,)
-  return outputs

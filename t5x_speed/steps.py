@@ -10,8 +10,10 @@ through it.
 The cache: `network.KVCache` keeps, per pass position j, keys and values of
 shape [R, batch, heads, length, head_dim] (stage first, so SPEED's attention
 reads each stage's cache without a transpose). Our decode fns
-(`decoding.greedy_decode`, `decoding.speed_decode`) take it as is and pass
-each example's position in `DecodingState.cur_index`.
+(`decoding.greedy_decode`, `decoding.speed_decode` and the samplers of
+`sampling`) take it as is, with `cache_offset=CACHE_OFFSET` (1), the batch
+axis of its leaves, where the samplers repeat it for `num_decodes > 1`; they
+pass each example's position in `DecodingState.cur_index`.
 
 T5X's decode fns (`t5x.decoding.beam_search`, `temperature_sample` with
 `num_decodes > 1`) instead reshape and reorder every cache leaf with
@@ -50,6 +52,7 @@ import jax.numpy as jnp
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
+from t5x_speed import sampling
 
 Array = jax.Array
 # (tokens [B], positions [B], cache) -> (logits [B, vocab], cache)
@@ -154,7 +157,8 @@ def takes_kv_cache(decode_fn: Callable[..., Any]) -> bool:
       fn = fn.__wrapped__
     else:
       break
-  return fn in (decoding.greedy_decode, decoding.speed_decode)
+  return fn in (decoding.greedy_decode, decoding.speed_decode,
+                sampling.sample_decode, sampling.speed_sample_decode)
 
 
 def prefix_attention(initial_index: Array, length: int) -> Array:
@@ -269,7 +273,8 @@ class BoundSteps:
       eos_id, limits and sampling parameters.
     """
     kwargs = dict(inputs=inputs, cache=cache, initial_index=initial_index,
-                  tokens_to_logits=self.tokens_to_logits, cache_offset=0)
+                  tokens_to_logits=self.tokens_to_logits,
+                  cache_offset=CACHE_OFFSET)
     if uses_pipeline(decode_fn):
       kwargs.update(pipeline_step_fn=self.pipeline_step,
                     num_stages=self.config.num_repeats,

@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_speed import network
 
@@ -26,6 +27,27 @@ def tiny_model(**overrides):
                                          enable_dropout=False)['params'])
   return module, init(jax.random.PRNGKey(cfg.num_unique_layers * 7 +
                                          cfg.num_repeats))
+
+
+def random_model(g, r, sharing, seed, vocab_size):
+  """(module, params): `tiny_model`'s shape with weights re-drawn per seed.
+
+  For odd seeds the residual branches are amplified so that every layer
+  moves the prediction: the exits then disagree on most tokens and SPEED
+  flushes almost every step.
+  """
+  module, params = tiny_model(vocab_size=vocab_size, num_unique_layers=g,
+                              num_repeats=r, sharing=sharing)
+  # Drawn on the host: a jitted draw of every leaf compiles for seconds.
+  gain = 4.0 if seed % 2 else 1.0
+  rng = np.random.RandomState(seed)
+  flat, tree = jax.tree_util.tree_flatten_with_path(params)
+  params = jax.tree.unflatten(tree, [jnp.asarray(
+      (x + 0.5 * rng.standard_normal(x.shape) * np.std(x)) *
+      (gain if any(getattr(p, 'key', None) in ('out', 'wo') for p in path)
+       else 1.0), np.float32) for (path, x) in (
+           (path, np.asarray(x)) for path, x in flat)])
+  return module, params
 
 
 def train_sentencepiece(directory: str, lines=None, vocab_size: int = 100) -> str:

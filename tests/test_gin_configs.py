@@ -33,6 +33,7 @@ DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))
 # decode num_decodes sequences per example.
 GREEDY_DECODING_FILES = ('greedy.gin', 'speed.gin', 't5x_greedy.gin')
 MULTI_DECODING_FILES = ('beam_search.gin', 'sample.gin')
+SAMPLING_FILES = ('speed_sample.gin',)   # exact SPEED sampling
 TINY = [
     "network.TransformerConfig.vocab_size = 128",
     "network.TransformerConfig.emb_dim = 16",
@@ -238,7 +239,8 @@ class GinConfigTest(parameterized.TestCase):
         't5x': ['DECODING_FN = @t5x.decoding.temperature_sample'],
     }
     self.assertCountEqual([f.name for f in DECODING_FILES],
-                          GREEDY_DECODING_FILES + MULTI_DECODING_FILES)
+                          GREEDY_DECODING_FILES + MULTI_DECODING_FILES +
+                          SAMPLING_FILES)
     for name in GREEDY_DECODING_FILES:
       choices[name] = []
     params = None
@@ -284,6 +286,30 @@ class GinConfigTest(parameterized.TestCase):
                                                   jax.random.PRNGKey(0))
     np.testing.assert_array_equal(best, decodes[:, -1])
     np.testing.assert_array_equal(best_aux['scores'], aux['scores'][:, -1])
+
+  def test_speed_sampling_file_and_its_sequential_flag(self):
+    batch = th.prefix_lm_batch(seed=3, batch=3, length=12)
+    settings = ['NUM_SAMPLES = 3', 'SAMPLE_TEMPERATURE = 0.8', TASK]
+    decodes = {}
+    for flag in ([], ['DECODING_FN = @sampling.sample_decode']):
+      self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+                  GIN / 'runs' / 'infer.gin',
+                  GIN / 'decoding' / 'speed_sample.gin',
+                  bindings=settings + flag)
+      model = self._model()
+      self.assertTrue(steps.takes_kv_cache(model.decode_fn))
+      if not flag:
+        self.assertEqual(model.decode_fn.__name__, 'speed_sample_decode')
+        params = th.init_params(model, batch, seed=5)
+      # The file binds num_decodes = NUM_SAMPLES on predict_batch_with_aux.
+      decodes[bool(flag)], aux = model.predict_batch_with_aux(
+          params, batch, jax.random.PRNGKey(4), return_all_decodes=True)
+      self.assertEqual(decodes[bool(flag)].shape, (3, 3, 12))
+      self.assertTrue((np.diff(np.asarray(aux['scores']), axis=1) >= 0).all())
+      self.assertEqual('speed/num_steps' in aux, not flag)
+    # SPEED sampling gives the sequential sampler's samples.
+    np.testing.assert_array_equal(decodes[False], decodes[True])
+    self.assertEqual(aux['scores'].shape, (3, 3))
 
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ import numpy as np
 from t5x_speed import decoding
 from t5x_speed import inference
 from t5x_speed import steps
-from helpers import tiny_model
+from helpers import random_model
 
 VOCAB = 13     # small, so random models often produce EOS mid-batch
 NEAR_TIE = 1e-4
@@ -32,21 +32,7 @@ def _configs(count, seed=0):
 
 
 def _model(g, r, sharing, seed):
-  module, params = tiny_model(vocab_size=VOCAB, num_unique_layers=g,
-                              num_repeats=r, sharing=sharing)
-  # Re-draw the weights per seed, and for odd seeds amplify the residual
-  # branches so that every layer moves the prediction: the exits then
-  # disagree on most tokens and SPEED flushes almost every step.
-  # Drawn on the host: a jitted draw of every leaf compiles for seconds.
-  gain = 4.0 if seed % 2 else 1.0
-  rng = np.random.RandomState(seed)
-  flat, tree = jax.tree_util.tree_flatten_with_path(params)
-  params = jax.tree.unflatten(tree, [jnp.asarray(
-      (x + 0.5 * rng.standard_normal(x.shape) * np.std(x)) *
-      (gain if any(getattr(p, 'key', None) in ('out', 'wo') for p in path)
-       else 1.0), np.float32) for (path, x) in (
-           (path, np.asarray(x)) for path, x in flat)])
-  return module, params
+  return random_model(g, r, sharing, seed, VOCAB)
 
 
 def _prompts(batch, seed, max_len=6):

@@ -15,6 +15,7 @@ from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 from t5x_speed import decoding
 from t5x_speed import losses
 from t5x_speed import models
+from t5x_speed import sampling
 from t5x_speed import steps
 import t5x_helpers as th
 
@@ -177,6 +178,24 @@ class SharedModelTest(parameterized.TestCase):
           th.t5x_model().module, None, None)
 
 
+def _homogeneity_pvalue(a, b):
+  """P-value of the chi-square test that samples a and b (token ids) come
+  from one distribution; tokens with an expected count < 5 are pooled."""
+  size = max(a.max(), b.max()) + 1
+  table = np.stack([np.bincount(a, minlength=size),
+                    np.bincount(b, minlength=size)]).astype(float)
+  expected = table.sum(1, keepdims=True) * table.sum(0) / table.sum()
+  small = expected.min(0) < 5
+  if small.any():
+    table = np.concatenate([table[:, ~small], table[:, small].sum(1,
+                                                                  keepdims=True)], 1)
+    expected = table.sum(1, keepdims=True) * table.sum(0) / table.sum()
+  keep = expected.min(0) > 0
+  stat = float(((table - expected)[:, keep] ** 2 / expected[:, keep]).sum())
+  dof = int(keep.sum()) - 1
+  return float(jax.scipy.special.gammaincc(dof / 2, stat / 2))
+
+
 class T5XDecodeFnsTest(parameterized.TestCase):
   """T5X's own decode fns through the full-depth step of a shared model."""
 
@@ -254,6 +273,34 @@ class T5XDecodeFnsTest(parameterized.TestCase):
       self.assertAlmostEqual(float(aux['scores'][b, k]), float(expected[i]),
                              delta=1e-4 * max(1.0, abs(float(expected[i]))))
 
+  def test_speed_sampling_is_distributed_as_t5x_sampler(self):
+    """Two-sample chi-square tests of the first 3 sampled tokens' marginals
+    at temperature 0.7 and top-p 0.8, 4,000 samples each, at the 99.9%
+    confidence level (fixed seeds); T5X's sampler at temperature 2 must be
+    rejected (the test's power). Top-k: see test_sampling.FilterTest."""
+    batch = jax.tree.map(lambda x: x[:1], th.prefix_lm_batch(seed=21, batch=1))
+    n = 4000
+
+    def sampler(fn):
+      model = th.speed_model(decode_fn=jax.tree_util.Partial(
+          fn, max_decode_steps=3, topk=0, topp=0.8))
+      params = th.init_params(model, batch, seed=22)
+      run = jax.jit(lambda rng, temperature: model.predict_batch_with_aux(
+          params, batch, rng, num_decodes=n, return_all_decodes=True,
+          decoder_params={'temperature': temperature})[0])
+      return lambda seed, temperature: np.asarray(run(
+          jax.random.PRNGKey(seed), jnp.float32(temperature)))[0, :, :3]
+
+    ours = sampler(sampling.speed_sample_decode)(1, 0.7)
+    t5x_sampler = sampler(t5x_decoding.temperature_sample)
+    theirs = t5x_sampler(2, 0.7)
+    for position in range(3):
+      self.assertGreater(
+          _homogeneity_pvalue(ours[:, position], theirs[:, position]), 1e-3,
+          position)
+    self.assertLess(_homogeneity_pvalue(ours[:, 0], t5x_sampler(3, 2.0)[:, 0]),
+                    1e-3)
+
   def test_greedy_sampling_with_num_decodes_is_speed(self):
     batch = th.prefix_lm_batch(seed=17, batch=4)
     speed = th.speed_model()
@@ -283,6 +330,9 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     self.assertTrue(steps.takes_kv_cache(decoding.greedy_decode))
     self.assertTrue(steps.takes_kv_cache(
         functools.partial(decoding.speed_decode, max_decode_steps=3)))
+    self.assertTrue(steps.takes_kv_cache(sampling.speed_sample_decode))
+    self.assertTrue(steps.uses_pipeline(sampling.speed_sample_decode))
+    self.assertFalse(steps.uses_pipeline(sampling.sample_decode))
     self.assertFalse(steps.takes_kv_cache(BEAM))
     self.assertFalse(steps.takes_kv_cache(t5x_decoding.temperature_sample))
 

@@ -1,0 +1,352 @@
+r"""Exact SPEED sampling: temperature, top-k and top-p with position-keyed noise.
+
+T5X's `temperature_sample` splits its RNG at every loop step, so a token's
+randomness depends on when it is computed. Here the randomness of the token
+at position p of decode d of example b depends only on (decode_rng, b, d, p):
+it is Gumbel noise over the vocabulary drawn from
+`fold_in(fold_in(fold_in(decode_rng, b), d), p)`, and the token is
+
+  argmax(filtered_logits / temperature + noise)
+
+(the Gumbel-max trick: a sample from softmax(filtered_logits / temperature),
+where top-k / top-p filtering sets the excluded logits to -inf, as T5X's
+masks do). Sampling position p is then a deterministic function of the
+logits that predict it, like greedy's argmax, and SPEED speculates, flushes
+and commits exactly as for greedy: every stage samples its token's next
+position with that position's noise from its own exit's logits, the last
+stage's sample is committed, and a mismatch flushes the later tokens. So
+
+  speed_sample_decode(...) == sample_decode(...)   token for token,
+
+where `sample_decode` is the plain sequential full-depth sampler with the
+same noise: "exact" means identical to that sampler, sample by sample, and
+distributed as T5X's `temperature_sample` (whose draws differ). Because the
+speculative and the final stage share their noise, they agree about as often
+as greedy's argmaxes do: the speedup carries over to sampling.
+
+Both are T5X decode fns (`(decodes [batch, num_decodes, length], log_probs
+[batch, num_decodes])`, sorted by increasing log-probability as T5X's
+sampler sorts them) taking T5X's sampling arguments: `decode_rng`,
+`temperature` (a number, or one per example), `topk`, `topp`,
+`num_decodes`, `rescale_log_probs`, `max_decode_steps` and
+`max_decode_steps_hard_limit`. At temperature <= 1e-4 a row decodes
+greedily: the same tokens as `greedy_decode` / `speed_decode`.
+
+Example (SPEED sampling equals sequential sampling, sample by sample):
+  >>> import jax, jax.numpy as jnp
+  >>> from t5x_speed import network, steps
+  >>> cfg = network.TransformerConfig(vocab_size=16, emb_dim=8, num_heads=2,
+  ...     head_dim=4, mlp_dim=16, num_unique_layers=2, num_repeats=3)
+  >>> module = network.SpeedTransformer(cfg)
+  >>> tokens = jnp.ones((1, 4), jnp.int32)
+  >>> bound = steps.BoundSteps(module, module.init(
+  ...     jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False)['params'])
+  >>> inputs = jnp.array([[0, 3, 4, 0, 0, 0, 0, 0]])   # BOS, prompt, room
+  >>> lengths = jnp.array([2])
+  >>> cache = bound.prefill(inputs, lengths)
+  >>> decodes = {fn.__name__: fn(
+  ...     **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
+  ...     decode_rng=jax.random.PRNGKey(7), temperature=1.0, num_decodes=3)[0]
+  ...            for fn in (sample_decode, speed_sample_decode)}
+  >>> decodes['sample_decode'].shape
+  (1, 3, 8)
+  >>> bool((decodes['sample_decode'] == decodes['speed_sample_decode']).all())
+  True
+"""
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+import flax
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decode_args
+from t5x_speed import decoding
+
+Array = jax.Array
+# T5X's: at or below this temperature a row decodes greedily.
+MIN_TEMPERATURE = decode_args.MIN_TEMPERATURE
+
+
+@flax.struct.dataclass
+class PositionKeyedSampler:
+  """A `decoding.TokenRule` sampling each (row, position) with its own noise.
+
+  Attributes:
+    row_keys: [rows] PRNG keys, one per decoded row (example and decode
+      index), raw ([rows, 2] uint32) or typed.
+    temperature: [rows] float32; rows at or below `MIN_TEMPERATURE` take
+      the argmax.
+    topp: [] float32 top-p mass (used when `use_topp`).
+    topk: keep the `topk` largest logits (0: all); static.
+    use_topp: whether to apply top-p (False when topp is a concrete 0).
+    rescale_log_probs: `log_prob` under the filtered, tempered distribution
+      (T5X's default; 0 for greedy rows) instead of the model's.
+  """
+
+  row_keys: Array
+  temperature: Array
+  topp: Array
+  topk: int = flax.struct.field(pytree_node=False, default=0)
+  use_topp: bool = flax.struct.field(pytree_node=False, default=False)
+  rescale_log_probs: bool = flax.struct.field(pytree_node=False,
+                                              default=True)
+
+  def _per_row(self, x: Array, ndim: int) -> Array:
+    return x.reshape(x.shape + (1,) * (ndim - 1))
+
+  def filtered(self, logits: Array) -> Array:
+    """Tempered logits [rows, ..., vocab], -inf outside top-k / top-p."""
+    temperature = jnp.maximum(self.temperature, MIN_TEMPERATURE)
+    scaled = logits.astype(jnp.float32) / self._per_row(temperature,
+                                                        logits.ndim)
+    if self.topk:
+      k = min(self.topk, logits.shape[-1])
+      kth = lax.top_k(scaled, k)[0][..., -1:]
+      scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    if self.use_topp:
+      scaled = topp_filter(scaled, self.topp)
+    return scaled
+
+  def noise(self, positions: Array, vocab: int) -> Array:
+    """Gumbel noise [rows, S, vocab] for each row's S positions [rows, S]."""
+
+    def one(key, position):
+      return jax.random.gumbel(jax.random.fold_in(key, position), (vocab,))
+
+    return jax.vmap(jax.vmap(one, (None, 0)))(self.row_keys, positions)
+
+  def tokens(self, logits: Array, positions: Array) -> Array:
+    """Sampled tokens [rows, S] from logits [rows, S, vocab]."""
+    sampled = jnp.argmax(self.filtered(logits) +
+                         self.noise(positions, logits.shape[-1]), -1)
+    greedy = jnp.argmax(logits, -1)
+    hot = self.temperature > MIN_TEMPERATURE
+    return jnp.where(hot[:, None], sampled, greedy).astype(jnp.int32)
+
+  def log_prob(self, logits: Array, tokens: Array) -> Array:
+    """Log-probability [rows] of `tokens` [rows] under logits [rows, vocab]."""
+    pick = lambda lp: jnp.take_along_axis(lp, tokens[:, None], -1)[:, 0]
+    if not self.rescale_log_probs:
+      return pick(jax.nn.log_softmax(logits.astype(jnp.float32)))
+    rescaled = pick(jax.nn.log_softmax(self.filtered(logits)))
+    return jnp.where(self.temperature > MIN_TEMPERATURE, rescaled, 0.0)
+
+
+def topp_filter(logits: Array, topp: Array) -> Array:
+  """Keeps the smallest set of largest-probability tokens whose mass is at
+  least `topp` (ties at the cut kept), -inf elsewhere; topp <= 0 keeps all.
+
+  [..., vocab] -> [..., vocab]. T5X's `binary_search.topp_mask` finds the
+  same cut by bisection.
+  """
+  probs = jax.nn.softmax(logits, -1)
+  descending = -jnp.sort(-probs, -1)
+  # The cut is the first sorted token at which the mass reaches topp.
+  count = jnp.sum(jnp.cumsum(descending, -1) < topp, -1, keepdims=True)
+  count = jnp.minimum(count, logits.shape[-1] - 1)
+  threshold = jnp.take_along_axis(descending, count, -1)
+  keep = (probs >= threshold) | (topp <= 0)
+  return jnp.where(keep, logits, -jnp.inf)
+
+
+def row_keys(decode_rng: Optional[Array], batch: int,
+             num_decodes: int) -> Array:
+  """Keys of the batch * num_decodes rows (example-major, as T5X expands):
+  fold_in(fold_in(decode_rng, example), decode index)."""
+  rng = jax.random.PRNGKey(0) if decode_rng is None else decode_rng
+  examples = jnp.repeat(jnp.arange(batch), num_decodes)
+  decodes = jnp.tile(jnp.arange(num_decodes), batch)
+  return jax.vmap(lambda e, d: jax.random.fold_in(
+      jax.random.fold_in(rng, e), d))(examples, decodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Expanded:
+  """A decode's arguments repeated num_decodes times per example."""
+  inputs: Array
+  cache: Any
+  checked: decode_args.Checked
+  sampler: PositionKeyedSampler
+
+
+def _sampler_and_expand(fn_name, inputs, cache, checked, cache_offset,
+                        decode_rng, num_decodes, temperature, topk, topp,
+                        rescale_log_probs) -> _Expanded:
+  """Checks the sampling arguments; repeats everything per decode."""
+  batch = inputs.shape[0]
+  num_decodes = decode_args.check_int('num_decodes', num_decodes, 1)
+  if not decode_args.is_concrete(topk):
+    raise ValueError(f'{fn_name} needs a concrete topk (an integer >= 0), '
+                     'got a traced value.')
+  topk = decode_args.check_int('topk', topk, 0)
+  use_topp = not decode_args.is_concrete(topp) or bool(np.asarray(topp) != 0)
+  if decode_args.is_concrete(topp) and not 0 <= float(np.asarray(topp)) <= 1:
+    raise ValueError(f'topp must lie in [0, 1] (0: off), got {topp}.')
+  if topk and decode_args.is_concrete(topp) and use_topp:
+    raise ValueError(f'topk={topk} and topp={topp}: at most one of them may '
+                     'be non-zero (as in T5X).')
+  temperature = jnp.asarray(temperature, jnp.float32)
+  if temperature.shape not in ((), (batch,)):
+    raise ValueError(f'temperature must be a number or one per example '
+                     f'([batch={batch}]), got shape {temperature.shape}.')
+  if decode_args.is_concrete(temperature) and not np.all(
+      np.asarray(temperature) >= 0):
+    raise ValueError(f'temperature must be >= 0, got {temperature}.')
+  if not isinstance(rescale_log_probs, (bool, np.bool_)):
+    raise ValueError('rescale_log_probs must be a bool, got '
+                     f'{rescale_log_probs!r}.')
+  repeat = lambda x, axis=0: jnp.repeat(x, num_decodes, axis=axis)
+  return _Expanded(
+      inputs=repeat(inputs),
+      cache=jax.tree.map(lambda x: repeat(x, cache_offset), cache),
+      checked=decode_args.Checked(*map(repeat, checked)),
+      sampler=PositionKeyedSampler(
+          row_keys=row_keys(decode_rng, batch, num_decodes),
+          temperature=repeat(jnp.broadcast_to(temperature, (batch,))),
+          topp=jnp.asarray(topp, jnp.float32), topk=topk, use_topp=use_topp,
+          rescale_log_probs=bool(rescale_log_probs)))
+
+
+def _sorted(sequences: Array, scores: Array, batch: int,
+            num_decodes: int) -> Tuple[Array, Array]:
+  """[rows, length + 1] and [rows] -> [batch, num_decodes, length] and
+  [batch, num_decodes], by increasing log-probability (T5X's order)."""
+  decodes = sequences[:, 1:].reshape(batch, num_decodes, -1)
+  scores = scores.reshape(batch, num_decodes)
+  order = jnp.argsort(scores, -1)
+  return (jnp.take_along_axis(decodes, order[..., None], 1),
+          jnp.take_along_axis(scores, order, -1))
+
+
+def sample_decode(inputs: Array,
+                  cache: Any,
+                  tokens_to_logits,
+                  eos_id: decode_args.IntOrArray,
+                  decode_rng: Optional[Array] = None,
+                  num_decodes: int = 1,
+                  temperature: Any = 1.0,
+                  topk: int = 0,
+                  topp: Any = 0.0,
+                  cache_offset: int = 0,
+                  initial_index: Optional[Array] = None,
+                  max_decode_steps: Optional[decode_args.IntOrArray] = None,
+                  max_decode_steps_hard_limit: Optional[int] = None,
+                  rescale_log_probs: bool = True) -> Tuple[Array, Array]:
+  """Sequential full-depth sampling with position-keyed noise.
+
+  One full-depth token per loop step, as `decoding.greedy_decode`, sampled
+  as the module docstring says. `speed_sample_decode` gives the same output.
+
+  Args:
+    inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
+    cache: cache prefilled for positions < initial_index.
+    tokens_to_logits: `DecodingState` -> (logits [rows, vocab], new cache).
+    eos_id: end-of-sequence id, an integer or [batch] integers.
+    decode_rng: PRNG key; None means PRNGKey(0), as in T5X.
+    num_decodes: samples per example (>= 1).
+    temperature: >= 0, a number or [batch].
+    topk: sample among the topk most likely tokens; 0 for all.
+    topp: sample among the smallest set of most likely tokens holding at
+      least this mass (0: off). At most one of topk and topp is non-zero.
+    cache_offset: the batch axis of the cache's leaves, where they are
+      repeated for num_decodes > 1.
+    initial_index: [batch] prompt lengths, in [0, length); defaults to 0.
+    max_decode_steps: optional limit on produced tokens per example (>= 1),
+      an integer or [batch] integers.
+    max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
+    rescale_log_probs: score under the tempered, filtered distribution (True,
+      T5X's default) or the model's (False).
+
+  Returns:
+    (decodes [batch, num_decodes, length], log_probs [batch, num_decodes]),
+    each example's samples by increasing log-probability; NaN for an invalid
+    example (see `decoding`).
+
+  Raises:
+    ValueError: for bad arguments (see `decoding`), a negative temperature,
+      a traced or negative topk, topp outside [0, 1], or both set.
+  """
+  max_decode_steps = decode_args.apply_hard_limit(
+      max_decode_steps, max_decode_steps_hard_limit)
+  checked = decoding.check_sequential(inputs, cache, tokens_to_logits,
+                                      initial_index, max_decode_steps, eos_id,
+                                      cache_offset)
+  x = _sampler_and_expand('sample_decode', inputs, cache, checked,
+                          cache_offset, decode_rng, num_decodes, temperature,
+                          topk, topp, rescale_log_probs)
+  sequences, log_prob, ended = decoding.sequential_loop(
+      x.inputs, x.cache, tokens_to_logits, x.checked, x.sampler)
+  scores = jnp.where((x.checked.invalid != 0) | ~ended, jnp.nan, log_prob)
+  return _sorted(sequences, scores, inputs.shape[0], num_decodes)
+
+
+def speed_sample_decode(inputs: Array,
+                        cache: Any,
+                        tokens_to_logits=None,
+                        eos_id: decode_args.IntOrArray = 1,
+                        decode_rng: Optional[Array] = None,
+                        num_decodes: int = 1,
+                        temperature: Any = 1.0,
+                        topk: int = 0,
+                        topp: Any = 0.0,
+                        cache_offset: int = 0,
+                        initial_index: Optional[Array] = None,
+                        max_decode_steps: Optional[
+                            decode_args.IntOrArray] = None,
+                        max_decode_steps_hard_limit: Optional[int] = None,
+                        rescale_log_probs: bool = True,
+                        *,
+                        pipeline_step_fn: Optional[
+                            decoding.PipelineStepFn] = None,
+                        num_stages: Optional[int] = None,
+                        initial_carry: Optional[Array] = None,
+                        return_stats: bool = False):
+  """SPEED sampling: `sample_decode`'s output from SPEED's pipeline.
+
+  The pipeline of `decoding.speed_decode`, each stage sampling its token's
+  next position with that position's noise (module docstring).
+
+  Args:
+    inputs, cache, eos_id, decode_rng, num_decodes, temperature, topk, topp,
+      cache_offset, initial_index, max_decode_steps,
+      max_decode_steps_hard_limit, rescale_log_probs: as `sample_decode`.
+    tokens_to_logits: unused; accepted so T5X can pass it.
+    pipeline_step_fn, num_stages, initial_carry: as `decoding.speed_decode`
+      (`steps.BoundSteps.decode_fn_kwargs` supplies them).
+    return_stats: also return `decoding.SpeedStats`, one row per example,
+      summed over its num_decodes samples.
+
+  Returns:
+    As `sample_decode`, followed by the `SpeedStats` if `return_stats`.
+
+  Raises:
+    ValueError: as `sample_decode` and `decoding.speed_decode`.
+  """
+  del tokens_to_logits
+  max_decode_steps = decode_args.apply_hard_limit(
+      max_decode_steps, max_decode_steps_hard_limit)
+  stages, initial_carry, checked = decoding.check_pipeline(
+      inputs, cache, pipeline_step_fn, num_stages, initial_carry,
+      initial_index, max_decode_steps, eos_id, cache_offset)
+  x = _sampler_and_expand('speed_sample_decode', inputs, cache, checked,
+                          cache_offset, decode_rng, num_decodes, temperature,
+                          topk, topp, rescale_log_probs)
+  final = decoding.pipelined_loop(
+      x.inputs, x.cache, pipeline_step_fn, stages,
+      jnp.repeat(initial_carry, num_decodes, axis=0), x.checked, x.sampler)
+  invalid = x.checked.invalid | jnp.where(final.ended, 0,
+                                          decoding.INVALID_STEP_LIMIT)
+  scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
+  outputs = _sorted(final.sequences, scores, inputs.shape[0], num_decodes)
+  if return_stats:
+    per_example = lambda x: x.reshape((inputs.shape[0], num_decodes) +
+                                      x.shape[1:])
+    stats = jax.tree.map(lambda x: per_example(x).sum(1),
+                         final.stats.replace(invalid=invalid))
+    outputs += (stats.replace(invalid=lax.reduce(
+        per_example(invalid), np.int32(0), lax.bitwise_or, (1,))),)
+  return outputs

@@ -1,0 +1,249 @@
+"""Exact SPEED sampling: speed_sample_decode == sample_decode, sample by sample.
+
+Float32, random models (some with exits that disagree on most tokens), and
+per architecture one compile that serves every temperature, top-p, RNG and
+per-row setting (they are traced arguments); top-k and num_decodes are
+static, so they vary across architectures.
+"""
+
+import random
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import sampling
+from t5x_speed import steps
+from helpers import random_model
+from helpers import tiny_model
+
+VOCAB = 23
+LENGTH = 14
+
+
+def _architectures(count, seed=0):
+  rng = random.Random(seed)
+  return [dict(g=rng.choice((1, 2, 3)), r=rng.choice((2, 3, 4, 6)),
+               sharing=rng.choice(('cycle', 'cycle', 'sequence', 'cycle_rev')),
+               batch=rng.randint(1, 5), num_decodes=rng.choice((1, 2, 3)),
+               topk=rng.choice((0, 0, 5)), seed=2000 + i)
+          for i in range(count)]
+
+
+def _batch(batch, seed):
+  """BOS-shifted prompts [batch, LENGTH] and their lengths (ragged, >= 0)."""
+  rng = np.random.RandomState(seed)
+  lengths = rng.randint(0, 6, size=batch)
+  inputs = rng.randint(2, VOCAB, size=(batch, LENGTH))
+  inputs[np.arange(LENGTH)[None] > lengths[:, None]] = 0
+  inputs[:, 0] = 0
+  return jnp.asarray(inputs, jnp.int32), jnp.asarray(lengths, jnp.int32)
+
+
+def _decoders(module, params, num_decodes, topk, return_stats=True):
+  """Jitted (sequential, SPEED) samplers over traced settings."""
+  bound = steps.BoundSteps(module, params)
+
+  def run(fn, inputs, lengths, rng, temperature, topp, eos, max_steps):
+    cache = bound.prefill(inputs, lengths)
+    kwargs = dict(eos_id=eos, decode_rng=rng, temperature=temperature,
+                  topk=topk, topp=0.0 if topk else topp, num_decodes=num_decodes,
+                  max_decode_steps=max_steps)
+    if fn is sampling.speed_sample_decode:
+      kwargs['return_stats'] = return_stats
+    return fn(**{**bound.decode_fn_kwargs(fn, inputs, cache, lengths),
+                 **kwargs})
+
+  return (jax.jit(lambda *a: run(sampling.sample_decode, *a)),
+          jax.jit(lambda *a: run(sampling.speed_sample_decode, *a)))
+
+
+class SpeedSampleEqualsSampleTest(parameterized.TestCase):
+
+  @parameterized.parameters(*_architectures(4))
+  def test_random_models(self, g, r, sharing, batch, num_decodes, topk, seed):
+    module, params = random_model(g, r, sharing, seed, VOCAB)
+    sample, speed = _decoders(module, params, num_decodes, topk)
+    inputs, lengths = _batch(batch, seed)
+    rng = np.random.RandomState(seed)
+    settings = [(0.5, 0.0), (0.7, 0.0), (1.0, 0.0), (1.0, 0.9), (0.7, 0.9)]
+    mixed = rng.choice([0.0, 0.5, 1.0, 2.0], size=batch).astype(np.float32)
+    settings.append((mixed, 0.0))          # one temperature per example
+    flushes = 0
+    for i, (temperature, topp) in enumerate(settings):
+      if topk and topp:
+        continue                            # at most one of them (as T5X)
+      args = (inputs, lengths, jax.random.PRNGKey(seed * 10 + i),
+              jnp.broadcast_to(jnp.float32(temperature), (batch,)),
+              jnp.float32(topp),
+              jnp.asarray(rng.choice([1, -1], size=batch), jnp.int32),
+              jnp.asarray(rng.randint(1, LENGTH + 1, size=batch), jnp.int32))
+      want, want_scores = sample(*args)
+      got, got_scores, stats = speed(*args)
+      np.testing.assert_array_equal(got, want, err_msg=f'setting {i}')
+      np.testing.assert_allclose(got_scores, want_scores, rtol=1e-4,
+                                 atol=1e-4)
+      self.assertEqual(want.shape, (batch, num_decodes, LENGTH))
+      self.assertTrue(np.all(np.asarray(stats.num_tokens) >= 1))
+      self.assertTrue(np.all(np.asarray(stats.invalid) == 0))
+      flushes += int(np.asarray(stats.flushes).sum())
+    if r > 1 and seed % 2:
+      self.assertGreater(flushes, 0)         # the property was exercised
+
+  def test_temperature_zero_is_greedy(self):
+    module, params = random_model(2, 3, 'cycle', 7, VOCAB)
+    bound = steps.BoundSteps(module, params)
+    inputs, lengths = _batch(3, 7)
+    greedy_fns = (decoding.greedy_decode, decoding.speed_decode)
+
+    @jax.jit
+    def decode_all(inputs, lengths):
+      cache = bound.prefill(inputs, lengths)
+      out = {}
+      for fn in greedy_fns + (sampling.sample_decode,
+                              sampling.speed_sample_decode):
+        extra = {} if fn in greedy_fns else dict(
+            temperature=0.0, rescale_log_probs=False,
+            decode_rng=jax.random.PRNGKey(3))
+        out[fn.__name__] = fn(**bound.decode_fn_kwargs(fn, inputs, cache,
+                                                       lengths),
+                              eos_id=1, **extra)[:2]
+      # T5X's convention: rescaled log-probabilities of greedy rows are 0.
+      out['rescaled'] = sampling.sample_decode(
+          **bound.decode_fn_kwargs(sampling.sample_decode, inputs, cache,
+                                   lengths), eos_id=1, temperature=0.0)
+      return out
+
+    out = decode_all(inputs, lengths)
+    for name in ('speed_decode', 'sample_decode', 'speed_sample_decode'):
+      np.testing.assert_array_equal(out[name][0], out['greedy_decode'][0])
+      np.testing.assert_allclose(out[name][1], out['greedy_decode'][1],
+                                 rtol=1e-5)
+    np.testing.assert_array_equal(out['rescaled'][0], out['greedy_decode'][0])
+    np.testing.assert_array_equal(out['rescaled'][1], np.zeros((3, 1)))
+
+  def test_rng_decides_the_samples(self):
+    module, params = random_model(2, 3, 'cycle', 8, VOCAB)
+    sample, speed = _decoders(module, params, 4, 0, return_stats=False)
+    inputs, lengths = _batch(2, 8)
+    decode = lambda fn, seed: np.asarray(fn(
+        inputs, lengths, jax.random.PRNGKey(seed), jnp.ones((2,)),
+        jnp.float32(0), jnp.full((2,), -1, jnp.int32),
+        jnp.full((2,), LENGTH, jnp.int32))[0])
+    first = decode(sample, 1)
+    np.testing.assert_array_equal(decode(sample, 1), first)
+    np.testing.assert_array_equal(decode(speed, 1), first)
+    self.assertFalse(np.array_equal(decode(sample, 2), first))
+    # The 4 samples of an example differ from each other (decode index).
+    self.assertGreater(len({tuple(s) for s in first[0]}), 1)
+
+
+def _chi2_pvalue(counts, expected):
+  """P-value of Pearson's chi-square goodness-of-fit (cells with expected
+  count < 5 pooled)."""
+  counts, expected = np.asarray(counts, float), np.asarray(expected, float)
+  small = expected < 5
+  if small.any():
+    counts = np.append(counts[~small], counts[small].sum())
+    expected = np.append(expected[~small], expected[small].sum())
+  keep = expected > 0
+  stat = float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+  dof = int(keep.sum()) - 1
+  return float(jax.scipy.special.gammaincc(dof / 2, stat / 2))
+
+
+class DistributionTest(parameterized.TestCase):
+  """The first sampled token follows softmax(filtered logits / T).
+
+  8,000 samples of one prompt; Pearson's chi-square test at the 99.9%
+  confidence level (p > 0.001), with fixed seeds. The same samples must be
+  rejected against the distribution of a different setting (power).
+  """
+
+  @parameterized.parameters(
+      dict(temperature=0.7, topk=0, topp=0.0, other=dict(temperature=1.0)),
+      dict(temperature=1.0, topk=4, topp=0.0, other=dict(topk=6)),
+      dict(temperature=1.0, topk=0, topp=0.8, other=dict(topp=0.95)))
+  def test_first_token(self, temperature, topk, topp, other):
+    module, params = tiny_model(vocab_size=VOCAB)
+    bound = steps.BoundSteps(module, params)
+    inputs, lengths = jnp.array([[0, 5, 9, 0, 0]]), jnp.array([2])
+    cache = bound.prefill(inputs, lengths)
+    n = 8000
+    decodes = sampling.speed_sample_decode(
+        **bound.decode_fn_kwargs(sampling.speed_sample_decode, inputs,
+                                 cache, lengths), eos_id=1,
+        decode_rng=jax.random.PRNGKey(11), num_decodes=n,
+        temperature=temperature, topk=topk, topp=topp, max_decode_steps=1)[0]
+    first = np.asarray(decodes)[0, :, 2]
+    counts = np.bincount(first, minlength=VOCAB)
+    logits = bound.decode_step(jnp.array([9]), jnp.array([2]), cache)[0]
+
+    def probs(**setting):
+      s = dict(temperature=temperature, topk=topk, topp=topp)
+      s.update(setting)
+      rule = sampling.PositionKeyedSampler(
+          row_keys=jax.random.PRNGKey(0)[None],
+          temperature=jnp.array([s['temperature']], jnp.float32),
+          topp=jnp.float32(s['topp']), topk=s['topk'],
+          use_topp=s['topp'] > 0)
+      return np.asarray(jax.nn.softmax(rule.filtered(logits)))[0]
+
+    self.assertGreater(_chi2_pvalue(counts, n * probs()), 1e-3)
+    self.assertLess(_chi2_pvalue(counts, n * probs(**other)), 1e-3)
+
+
+class FilterTest(absltest.TestCase):
+
+  def test_topp_keeps_the_smallest_set_reaching_the_mass(self):
+    probs = jnp.array([0.05, 0.4, 0.25, 0.2, 0.1])
+    logits = jnp.log(probs)
+    kept = lambda p: np.isfinite(np.asarray(
+        sampling.topp_filter(logits, jnp.float32(p)))).nonzero()[0].tolist()
+    self.assertEqual(kept(0.3), [1])              # 0.4 >= 0.3
+    self.assertEqual(kept(0.6), [1, 2])           # 0.65
+    self.assertEqual(kept(0.66), [1, 2, 3])       # 0.85
+    self.assertEqual(kept(1.0), [0, 1, 2, 3, 4])
+    self.assertEqual(kept(0.0), [0, 1, 2, 3, 4])  # off
+
+  def test_topk_keeps_ties(self):
+    rule = sampling.PositionKeyedSampler(
+        row_keys=jax.random.PRNGKey(0)[None], temperature=jnp.ones((1,)),
+        topp=jnp.float32(0), topk=2)
+    out = rule.filtered(jnp.array([[1.0, 3.0, 2.0, 3.0, 0.0]]))
+    self.assertEqual(np.isfinite(np.asarray(out))[0].tolist(),
+                     [False, True, False, True, False])
+
+
+class ArgumentTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('negative_temperature', dict(temperature=-0.5), 'temperature'),
+      ('temperature_shape', dict(temperature=jnp.ones((3,))), 'temperature'),
+      ('negative_topk', dict(topk=-1), 'topk'),
+      ('float_topk', dict(topk=2.0), 'topk'),
+      ('topp_range', dict(topp=1.5), 'topp'),
+      ('both', dict(topk=3, topp=0.9), 'at most one'),
+      ('num_decodes', dict(num_decodes=0), 'num_decodes'),
+      ('rescale', dict(rescale_log_probs=1), 'rescale_log_probs'))
+  def test_bad_arguments_raise(self, kwargs, message):
+    module, params = tiny_model(vocab_size=VOCAB)
+    bound = steps.BoundSteps(module, params)
+    inputs, lengths = _batch(2, 0)
+    cache = bound.prefill(inputs, lengths)
+    for fn in (sampling.sample_decode, sampling.speed_sample_decode):
+      with self.assertRaisesRegex(ValueError, message):
+        fn(**bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
+           **kwargs)
+
+  def test_greedy_fns_point_to_the_samplers(self):
+    with self.assertRaisesRegex(ValueError, 'speed_sample_decode'):
+      decoding.speed_decode(jnp.zeros((1, 4), jnp.int32), None,
+                            temperature=1.0, topk=0)
+
+
+if __name__ == '__main__':
+  absltest.main()
