@@ -34,10 +34,15 @@ import numpy as np
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
+from t5x_speed import sampling
 from t5x_speed import steps
 
 Array = jax.Array
-METHODS = ('speed', 'greedy')
+DECODE_FNS = {'speed': decoding.speed_decode, 'greedy': decoding.greedy_decode,
+              'speed_sample': sampling.speed_sample_decode,
+              'sample': sampling.sample_decode}
+METHODS = tuple(DECODE_FNS)
+SAMPLING_METHODS = ('speed_sample', 'sample')
 
 
 def check_finite(params: Any, name: str = 'params'):
@@ -112,23 +117,26 @@ def produced_tokens(decodes: Array, prompt_lengths: Array,
 
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
-    'record_schedule', 'speculative_vocab_size'))
-def _generate(module, params, prompts, prompt_lengths, *, max_decode_steps,
-              method, eos_id, bidirectional, record_schedule,
-              speculative_vocab_size) -> Generation:
+    'record_schedule', 'speculative_vocab_size', 'topk'))
+def _generate(module, params, prompts, prompt_lengths, temperature, topp,
+              rng, *, max_decode_steps, method, eos_id, bidirectional,
+              record_schedule, speculative_vocab_size, topk) -> Generation:
   bound = steps.BoundSteps(module, params, speculative_vocab_size)
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional)
-  decode_fn = decoding.greedy_decode
-  if method == 'speed':
-    decode_fn = functools.partial(decoding.speed_decode,
-                                  record_schedule=record_schedule)
+  decode_fn = DECODE_FNS[method]
+  pipelined = steps.uses_pipeline(decode_fn)
+  if pipelined:
+    decode_fn = functools.partial(decode_fn, record_schedule=record_schedule)
+  sampling_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
+                       topp=topp) if method in SAMPLING_METHODS else {}
   out = decode_fn(**bound.decode_fn_kwargs(decode_fn, inputs, cache,
                                            prompt_lengths),
-                  eos_id=eos_id, max_decode_steps=max_decode_steps)
+                  eos_id=eos_id, max_decode_steps=max_decode_steps,
+                  **sampling_args)
   decodes, scores = out[:2]
-  stats = out[2] if method == 'speed' else None
-  schedule = out[3] if record_schedule and method == 'speed' else None
+  stats = out[2] if pipelined else None
+  schedule = out[3] if record_schedule and pipelined else None
   return Generation(produced_tokens(decodes, prompt_lengths, max_decode_steps),
                     scores[:, 0], stats, schedule)
 
@@ -139,8 +147,12 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
              bidirectional: bool = False,
              record_schedule: bool = False,
              speculative_vocab_size: Optional[int] = None,
-             check_params: bool = False) -> Generation:
-  """Greedy or SPEED generation from right-padded prompts (jitted).
+             check_params: bool = False,
+             temperature: float = 1.0,
+             topk: int = 0,
+             topp: float = 0.0,
+             rng: Optional[Array] = None) -> Generation:
+  """Greedy, SPEED or sampled generation from right-padded prompts (jitted).
 
   Every argument is checked on the host before tracing (so this takes
   concrete arrays, not tracers).
@@ -153,7 +165,8 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     prompt_lengths: [batch] integer prompt lengths in [0, P] (0 decodes from
       BOS alone).
     max_decode_steps: tokens to produce at most per example, an integer >= 1.
-    method: 'speed' or 'greedy'.
+    method: 'speed', 'greedy', 'speed_sample' (exact SPEED sampling) or
+      'sample' (its sequential equivalent, `sampling.sample_decode`).
     eos_id: end-of-sequence id, an integer; one outside [0, vocab) never ends
       an example (e.g. -1 disables EOS).
     bidirectional: prefix-LM attention over BOS + prompt during prefill.
@@ -164,9 +177,16 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     check_params: first check that `params` are finite (`check_finite`), a
       pass over the weights; non-finite weights otherwise give token 0
       repeated with NaN scores.
+    temperature: sampling methods: temperature >= 0 (0: greedy).
+    topk: sampling methods: sample among the topk most likely tokens (0:
+      all).
+    topp: sampling methods: sample among the smallest set of most likely
+      tokens of mass >= topp (0: off); at most one of topk and topp.
+    rng: sampling methods: the PRNG key; None means PRNGKey(0).
 
   Returns:
-    A `Generation`.
+    A `Generation`; for sampling methods `scores` are the log-probabilities
+    under the tempered, filtered distribution (T5X's convention).
 
   Raises:
     ValueError: an argument outside the range above, naming it.
@@ -202,9 +222,15 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
                              prompt_lengths)
   if check_params:
     check_finite(params)
+  if record_schedule and method not in ('speed', 'speed_sample'):
+    raise ValueError(f'record_schedule needs a SPEED method, got {method!r}.')
+  temperature, topk, _ = sampling.check_settings(
+      'generate', 1, temperature, topk, topp)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
   return _generate(module, params, jnp.asarray(prompts, jnp.int32),
-                   jnp.asarray(prompt_lengths, jnp.int32),
-                   max_decode_steps=max_decode_steps, method=method,
+                   jnp.asarray(prompt_lengths, jnp.int32), temperature[0],
+                   jnp.asarray(topp, jnp.float32), rng,
+                   max_decode_steps=max_decode_steps, method=method, topk=topk,
                    eos_id=operator.index(eos_id), bidirectional=bidirectional,
                    record_schedule=record_schedule,
                    speculative_vocab_size=speculative_vocab_size)

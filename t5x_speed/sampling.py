@@ -171,14 +171,17 @@ class _Expanded:
   cache: Any
   checked: decode_args.Checked
   sampler: PositionKeyedSampler
+  repeat: Any                  # x -> x repeated per decode along axis 0
 
 
-def _sampler_and_expand(fn_name, inputs, cache, checked, cache_offset,
-                        decode_rng, num_decodes, temperature, topk, topp,
-                        rescale_log_probs) -> _Expanded:
-  """Checks the sampling arguments; repeats everything per decode."""
-  batch = inputs.shape[0]
-  num_decodes = decode_args.check_int('num_decodes', num_decodes, 1)
+def check_settings(fn_name: str, batch: int, temperature: Any, topk: Any,
+                   topp: Any, rescale_log_probs: bool = True
+                   ) -> Tuple[Array, int, bool]:
+  """Checks sampling settings; returns (temperature [batch], topk, use_topp).
+
+  Concrete values are checked; a traced temperature or topp is used as is
+  (topk must be concrete: it fixes shapes).
+  """
   if not decode_args.is_concrete(topk):
     raise ValueError(f'{fn_name} needs a concrete topk (an integer >= 0), '
                      'got a traced value.')
@@ -199,16 +202,30 @@ def _sampler_and_expand(fn_name, inputs, cache, checked, cache_offset,
   if not isinstance(rescale_log_probs, (bool, np.bool_)):
     raise ValueError('rescale_log_probs must be a bool, got '
                      f'{rescale_log_probs!r}.')
-  repeat = lambda x, axis=0: jnp.repeat(x, num_decodes, axis=axis)
+  return jnp.broadcast_to(temperature, (batch,)), topk, use_topp
+
+
+def _sampler_and_expand(fn_name, inputs, cache, checked, cache_offset,
+                        decode_rng, num_decodes, temperature, topk, topp,
+                        rescale_log_probs) -> _Expanded:
+  """Checks the sampling arguments; repeats everything per decode."""
+  batch = inputs.shape[0]
+  num_decodes = decode_args.check_int('num_decodes', num_decodes, 1)
+  temperature, topk, use_topp = check_settings(
+      fn_name, batch, temperature, topk, topp, rescale_log_probs)
+  # One decode per example leaves everything as it is (any cache structure).
+  repeat = lambda x, axis=0: (x if num_decodes == 1 else
+                              jnp.repeat(x, num_decodes, axis=axis))
   return _Expanded(
       inputs=repeat(inputs),
       cache=jax.tree.map(lambda x: repeat(x, cache_offset), cache),
       checked=decode_args.Checked(*map(repeat, checked)),
       sampler=PositionKeyedSampler(
           row_keys=row_keys(decode_rng, batch, num_decodes),
-          temperature=repeat(jnp.broadcast_to(temperature, (batch,))),
+          temperature=repeat(temperature),
           topp=jnp.asarray(topp, jnp.float32), topk=topk, use_topp=use_topp,
-          rescale_log_probs=bool(rescale_log_probs)))
+          rescale_log_probs=bool(rescale_log_probs)),
+      repeat=repeat)
 
 
 def _sorted(sequences: Array, scores: Array, batch: int,
@@ -304,7 +321,8 @@ def speed_sample_decode(inputs: Array,
                             decoding.PipelineStepFn] = None,
                         num_stages: Optional[int] = None,
                         initial_carry: Optional[Array] = None,
-                        return_stats: bool = False):
+                        return_stats: bool = False,
+                        record_schedule: bool = False):
   """SPEED sampling: `sample_decode`'s output from SPEED's pipeline.
 
   The pipeline of `decoding.speed_decode`, each stage sampling its token's
@@ -319,9 +337,12 @@ def speed_sample_decode(inputs: Array,
       (`steps.BoundSteps.decode_fn_kwargs` supplies them).
     return_stats: also return `decoding.SpeedStats`, one row per example,
       summed over its num_decodes samples.
+    record_schedule: also return the `decoding.SpeedSchedule`, whose rows
+      are the batch * num_decodes decoded rows (example-major).
 
   Returns:
-    As `sample_decode`, followed by the `SpeedStats` if `return_stats`.
+    As `sample_decode`, followed by the `SpeedStats` if `return_stats` and
+    the `SpeedSchedule` if `record_schedule`.
 
   Raises:
     ValueError: as `sample_decode` and `decoding.speed_decode`.
@@ -337,7 +358,8 @@ def speed_sample_decode(inputs: Array,
                           topk, topp, rescale_log_probs)
   final = decoding.pipelined_loop(
       x.inputs, x.cache, pipeline_step_fn, stages,
-      jnp.repeat(initial_carry, num_decodes, axis=0), x.checked, x.sampler)
+      x.repeat(initial_carry), x.checked, x.sampler,
+      record_schedule)
   invalid = x.checked.invalid | jnp.where(final.ended, 0,
                                           decoding.INVALID_STEP_LIMIT)
   scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
@@ -349,4 +371,6 @@ def speed_sample_decode(inputs: Array,
                          final.stats.replace(invalid=invalid))
     outputs += (stats.replace(invalid=lax.reduce(
         per_example(invalid), np.int32(0), lax.bitwise_or, (1,))),)
+  if record_schedule:
+    outputs += (final.schedule,)
   return outputs

@@ -1,12 +1,20 @@
-"""Tests of the bench's command line and table; the bench itself is not run."""
+"""Tests of the benches: `bench`'s command line and table (the bench itself
+is not run), and `sample_bench` end to end on a tiny model."""
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
+
+from unittest import mock
 
 from absl.testing import absltest
 
 from t5x_speed import bench
+from t5x_speed import demo_model
+from t5x_speed import sample_bench
+import helpers
 
 META = {'machine': 'test machine, 2 cores', 'jax': '0.0', 'backend': 'cpu',
         'bandwidth_gb_s': 10.0}
@@ -99,6 +107,46 @@ class MarkdownTest(absltest.TestCase):
     self.assertEqual({m: r['vs G-layer'] for m, r in rows.items()},
                      {'greedy': '0.50x', 'speed': '0.60x',
                       'greedy_g': '1.00x'})
+
+
+class SampleBenchTest(absltest.TestCase):
+
+  def test_runs_on_a_tiny_model(self):
+    # A random 2x3 model with the demo's vocabulary stands in for the trained
+    # demo model (training takes minutes; test_demo trains one); one setting
+    # and no wide replay keep it to two compiles (the table test below
+    # covers the replay columns).
+    source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
+    out = tempfile.mkdtemp()
+    with mock.patch.object(bench, 'demo_schedule_source',
+                           return_value=source), \
+         mock.patch.object(sample_bench, 'SETTINGS',
+                           sample_bench.SETTINGS[-1:]):
+      sample_bench.main(['--config', '2x3', '--prompts', '2', '--width', '0',
+                         '--repeats', '1', '--out', out])
+    with open(os.path.join(out, 'sample_bench.json')) as f:
+      (row,) = json.load(f)['rows']
+    self.assertEqual(row['setting'], 'T=1.0, top-p 0.9')
+    self.assertTrue(row['identical'])
+    self.assertGreaterEqual(row['steps_per_token'], 1.0)
+    self.assertGreater(row['demo']['speedup'], 0.0)
+    self.assertNotIn('replay', row)
+
+  def test_table(self):
+    row = {'setting': 'T=0.7', 'steps_per_token': 1.25,
+           'flip_rate': {'flip_rate/stage_2': 0.1, 'flip_rate/stage_3': 0.05},
+           'identical': True, 'demo': {'speedup': 0.9},
+           'replay': {'sequential_ms_per_token': 100.0,
+                      'speed_ms_per_token': 50.0, 'speedup': 2.0}}
+    table = sample_bench._markdown(  # pylint: disable=protected-access
+        {'demo_model': '2x3', 'config': '4x3', 'width': 768,
+         'dtype': 'float32', 'kernel': True, 'prompts': 8,
+         'rows': [row, {**row, 'setting': 'greedy', 'replay': None}]})
+    self.assertIn('| T=0.7 | 1.25 | 10.0%, 5.0% | True | 0.90x | 100.0 | '
+                  '50.0 | 2.00x |', table)
+    self.assertIn('| greedy | 1.25 | 10.0%, 5.0% | True | 0.90x | – | – | – |',
+                  table)
+    self.assertIn('4x3 at width 768 (float32, kernel on)', table)
 
 
 if __name__ == '__main__':

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import decoding
+from t5x_speed import inference
 from t5x_speed import sampling
 from t5x_speed import steps
 from helpers import random_model
@@ -216,6 +217,31 @@ class FilterTest(absltest.TestCase):
     out = rule.filtered(jnp.array([[1.0, 3.0, 2.0, 3.0, 0.0]]))
     self.assertEqual(np.isfinite(np.asarray(out))[0].tolist(),
                      [False, True, False, True, False])
+
+
+class GenerateTest(absltest.TestCase):
+
+  def test_generate_samples_exactly(self):
+    module, params = random_model(2, 3, 'cycle', 9, VOCAB)
+    prompts, lengths = jnp.array([[3, 4, 5], [6, 7, 0]]), jnp.array([3, 2])
+    kwargs = dict(max_decode_steps=8, eos_id=-1, temperature=0.8, topp=0.9,
+                  rng=jax.random.PRNGKey(5), bidirectional=True)
+    speed = inference.generate(module, params, prompts, lengths,
+                               method='speed_sample', record_schedule=True,
+                               **kwargs)
+    sequential = inference.generate(module, params, prompts, lengths,
+                                    method='sample', **kwargs)
+    np.testing.assert_array_equal(speed.tokens, sequential.tokens)
+    np.testing.assert_allclose(speed.scores, sequential.scores, rtol=1e-4)
+    self.assertEqual(np.asarray(speed.stats.num_tokens).tolist(), [8, 8])
+    self.assertGreater(int(speed.schedule.num_steps), 8)
+    self.assertIsNone(sequential.stats)
+    with self.assertRaisesRegex(ValueError, 'topp'):
+      inference.generate(module, params, prompts, lengths, method='sample',
+                         max_decode_steps=8, topp=2.0)
+    with self.assertRaisesRegex(ValueError, 'record_schedule'):
+      inference.generate(module, params, prompts, lengths, method='sample',
+                         max_decode_steps=8, record_schedule=True)
 
 
 class ArgumentTest(parameterized.TestCase):

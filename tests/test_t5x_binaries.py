@@ -5,7 +5,7 @@ SentencePiece model trained here), evaluates it (the task metric with SPEED's
 statistics, and per-exit metrics), and runs inference once with SPEED and
 once with greedy decoding: the prediction files must be identical, and
 SPEED's statistics are written as metrics; then with T5X's beam search and
-multi-sample decoding.
+multi-sample decoding, and with exact SPEED sampling.
 Skipped when T5X is absent (it is not on PyPI).
 """
 
@@ -160,7 +160,9 @@ class StockBinariesTest(absltest.TestCase):
         'speed': ([], []),
         'greedy': ([], ['DECODING_FN = @decoding.greedy_decode']),
         'beam_search': (['decoding/beam_search.gin'], []),
-        'sample': (['decoding/sample.gin'], [])}
+        'sample': (['decoding/sample.gin'], []),
+        'speed_sample': (['decoding/speed_sample.gin'],
+                         ['NUM_SAMPLES = 2', 'SAMPLE_TOPP = 0.9'])}
 
     def infer(name):
       out = os.path.join(root, f'infer_{name}')
@@ -220,6 +222,21 @@ class StockBinariesTest(absltest.TestCase):
                                         'speed_statistics')))
     self.assertFalse(os.path.exists(
         os.path.join(root, 'infer_greedy', 'speed_statistics.jsonl')))
+
+    # Exact SPEED sampling (2 samples per example, top-p 0.9): the best
+    # sample's log-probability and SPEED's statistics, summed over samples.
+    rows = predictions['speed_sample']
+    self.assertLen(rows, 12)
+    for row in rows:
+      self.assertBetween(row['aux']['scores'], -1e6, 0.0)
+      self.assertGreaterEqual(row['aux']['speed/num_steps'],
+                              row['aux']['speed/num_tokens'])
+      self.assertEqual(row['aux']['speed/invalid'], 0)
+    with open(os.path.join(root, 'infer_speed_sample',
+                           'speed_statistics.jsonl')) as f:
+      (summary,) = [json.loads(line) for line in f]
+    self.assertEqual(summary['speed/tokens'],
+                     sum(r['aux']['speed/num_tokens'] for r in rows))
 
     # T5X's beam search and multi-sample decoding on the shared model.
     for name in ('beam_search', 'sample'):
