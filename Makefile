@@ -16,7 +16,7 @@ T5X_STAMP := $(VENV)/.t5x-installed
 T5X_REQUIREMENTS := fiddle==0.3.1 chex jaxtyping cached_property tensorstore \
 	grain==0.2.12 pyglove editdistance
 
-.PHONY: install install-t5x kernel test demo bench fuzz clean
+.PHONY: install install-t5x kernel test demo bench sample-bench fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ demo: install kernel
 
 bench: install kernel
 	$(BIN)/python -m t5x_speed.bench $(BENCH_ARGS)
+
+# SPEED sampling against sequential sampling (README), e.g.
+# SAMPLE_BENCH_ARGS="--prompts 8".
+sample-bench: install kernel
+	$(BIN)/python -m t5x_speed.sample_bench $(SAMPLE_BENCH_ARGS)
 
 # The exactness fuzz (README): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
 fuzz: install kernel

@@ -93,13 +93,8 @@ def replay_wide(settings: demo_model.DemoSettings, params, width: int,
   prompts, lengths, _ = demo_model.held_out(num_prompts)
   recs = [bench.record(source, prompts[i:i + 1], lengths[i:i + 1])
           for i in range(len(prompts))]
-  cfg = network.TransformerConfig(
-      vocab_size=demo_model.VOCAB_SIZE, emb_dim=width,
-      num_heads=max(width // 64, 1), head_dim=min(64, width),
-      mlp_dim=width * 8 // 3 // 64 * 64 or width,
-      num_unique_layers=settings.num_unique_layers,
-      num_repeats=settings.num_repeats, dtype='float32')
-  module, wide_params = bench._init(cfg)  # pylint: disable=protected-access
+  module, wide_params = bench._init(demo_model.wide_config(  # pylint: disable=protected-access
+      settings.num_unique_layers, settings.num_repeats, width))
   runs = {}
   for method in ('greedy', 'speed'):
     fn = bench._decoder(method, module, 0)  # pylint: disable=protected-access

@@ -53,6 +53,17 @@ class DemoSettings:
             f'{self.width}_s{self.steps}_b{self.batch_size}_seed{self.seed}')
 
 
+def wide_config(g: int, r: int, width: int, dtype: str = 'float32',
+                vocab_size: int = VOCAB_SIZE) -> network.TransformerConfig:
+  """A GxR model at `width` (64-wide heads, MLP 8/3 of the width), for
+  replaying a demo model's schedule at T5-Base width (768); the demo's
+  vocabulary by default."""
+  return network.TransformerConfig(
+      vocab_size=vocab_size, emb_dim=width, num_heads=max(width // 64, 1),
+      head_dim=min(64, width), mlp_dim=width * 8 // 3 // 64 * 64 or width,
+      num_unique_layers=g, num_repeats=r, dtype=dtype)
+
+
 def parse_gxr(text: str) -> Tuple[int, int]:
   """'2x3' -> (2, 3)."""
   try:

@@ -11,8 +11,8 @@ with top-p 0.9) this measures, on held-out prompts at batch 1:
    flip rate per stage, and the time of SPEED (`speed_decode`, or
    `sampling.speed_sample_decode`) against the sequential decode
    (`greedy_decode`, or `sampling.sample_decode`) with identical outputs;
-2. at width --width (768, T5-Base's) with random weights, the same schedules
-   replayed (each exit forced to the demo model's token, as `bench` does):
+2. at width --width (768) and vocabulary --vocab_size (32128), T5-Base's,
+   with random weights, the same schedules replayed (each exit forced to the demo model's token, as `bench` does):
    SPEED's time against the sequential decode's, with every step's full
    computation (the sampler's Gumbel noise over the vocabulary and its top-p
    sort included).
@@ -39,7 +39,6 @@ from t5x_speed import bench
 from t5x_speed import decoding
 from t5x_speed import demo_model
 from t5x_speed import inference
-from t5x_speed import network
 from t5x_speed import rowmatmul
 from t5x_speed import sampling
 from t5x_speed import steps
@@ -62,6 +61,9 @@ def _flags(argv):
   p.add_argument('--width', type=int, default=768,
                  help='width of the replayed model (T5-Base: 768; 0 skips '
                  'the replay)')
+  p.add_argument('--vocab_size', type=int, default=32128,
+                 help='vocabulary of the replayed model (T5\'s 32128: the '
+                 'classifier, the sampler\'s noise and top-p sort span it)')
   p.add_argument('--repeats', type=int, default=3,
                  help='timed passes per method; the median is reported')
   p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16'),
@@ -154,11 +156,8 @@ def run(args) -> Dict[str, Any]:
                                             min_numbers=1, max_numbers=2)
   wide = None
   if args.width:
-    wide = bench._init(network.TransformerConfig(  # pylint: disable=protected-access
-        vocab_size=demo_model.VOCAB_SIZE, emb_dim=args.width,
-        num_heads=max(args.width // 64, 1), head_dim=min(64, args.width),
-        mlp_dim=args.width * 8 // 3 // 64 * 64 or args.width,
-        num_unique_layers=g, num_repeats=r, dtype=args.dtype))
+    wide = bench._init(demo_model.wide_config(  # pylint: disable=protected-access
+        g, r, args.width, args.dtype, args.vocab_size))
   rows = []
   for name, setting in SETTINGS:
     sequential, speed = _methods(setting)
@@ -200,7 +199,8 @@ def run(args) -> Dict[str, Any]:
             jax.random.PRNGKey(i)) for i, rec in enumerate(recs)]
       seconds, outputs = _timed(calls, args.repeats)
       row['replay'] = {
-          'width': args.width, 'dtype': args.dtype,
+          'width': args.width, 'vocab_size': args.vocab_size,
+          'dtype': args.dtype,
           'sequential_ms_per_token': 1e3 * seconds[sequential] /
                                      summary['tokens'],
           'speed_ms_per_token': 1e3 * seconds[speed] / summary['tokens'],
@@ -210,7 +210,8 @@ def run(args) -> Dict[str, Any]:
     rows.append(row)
     print(json.dumps(row), flush=True)
   return {'config': args.config, 'prompts': args.prompts,
-          'width': args.width, 'dtype': args.dtype,
+          'width': args.width, 'vocab_size': args.vocab_size,
+          'dtype': args.dtype,
           'demo_model': f'{module.config.num_unique_layers}x{r}, width '
                         f'{module.config.emb_dim}, trained '
                         f'{args.replay_steps} steps',
@@ -220,7 +221,8 @@ def run(args) -> Dict[str, Any]:
 def _markdown(results: Dict[str, Any]) -> str:
   lines = [
       f"Demo model {results['demo_model']}; replay: {results['config']} at "
-      f"width {results['width']} ({results['dtype']}, kernel "
+      f"width {results['width']}, vocabulary {results['vocab_size']} "
+      f"({results['dtype']}, kernel "
       f"{'on' if results['kernel'] else 'off'}); {results['prompts']} "
       'held-out prompts at batch 1; speedup = sequential time / SPEED time '
       '(same outputs).', '',

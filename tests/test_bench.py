@@ -140,13 +140,15 @@ class SampleBenchTest(absltest.TestCase):
                       'speed_ms_per_token': 50.0, 'speedup': 2.0}}
     table = sample_bench._markdown(  # pylint: disable=protected-access
         {'demo_model': '2x3', 'config': '4x3', 'width': 768,
+         'vocab_size': 32128,
          'dtype': 'float32', 'kernel': True, 'prompts': 8,
          'rows': [row, {**row, 'setting': 'greedy', 'replay': None}]})
     self.assertIn('| T=0.7 | 1.25 | 10.0%, 5.0% | True | 0.90x | 100.0 | '
                   '50.0 | 2.00x |', table)
     self.assertIn('| greedy | 1.25 | 10.0%, 5.0% | True | 0.90x | – | – | – |',
                   table)
-    self.assertIn('4x3 at width 768 (float32, kernel on)', table)
+    self.assertIn('4x3 at width 768, vocabulary 32128 (float32, kernel on)',
+                  table)
 
 
 if __name__ == '__main__':

@@ -86,7 +86,9 @@ def _produced_count(tokens, eos_id):
 
 class SpeedEqualsGreedyTest(parameterized.TestCase):
 
-  @parameterized.parameters(*_configs(10))
+  # Six configurations here; the CI fuzz slice (test_fuzz.py) adds 200
+  # random cases over more architectures, prompts and EOS settings.
+  @parameterized.parameters(*_configs(6))
   def test_random_models(self, g, r, sharing, batch, seed):
     module, params = _model(g, r, sharing, seed)
     prompts, lengths = _prompts(batch, seed)
@@ -107,7 +109,7 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
       np.testing.assert_array_equal(stats.num_steps, stats.num_tokens)
       np.testing.assert_array_equal(stats.flushes, 0)
 
-  @parameterized.parameters((2, 3), (4, 3), (1, 6), (2, 4))
+  @parameterized.parameters((4, 3), (1, 6))
   def test_agreeing_exits_never_flush(self, g, r):
     module, params = _model(g, r, 'cycle', seed=7)
     # Zero every residual branch: all exits then see the embedding alone.
