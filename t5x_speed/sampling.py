@@ -278,7 +278,8 @@ def sample_decode(inputs: Array,
     temperature: >= 0, a number or [batch].
     topk: sample among the topk most likely tokens; 0 for all.
     topp: sample among the smallest set of most likely tokens holding at
-      least this mass (0: off). At most one of topk and topp is non-zero.
+      least this mass (0: off). At most one of topk and topp is non-zero
+      (a traced topp with topk > 0 applies both, top-k first, as T5X).
     cache_offset: the batch axis of the cache's leaves, where they are
       repeated for num_decodes > 1.
     initial_index: [batch] prompt lengths, in [0, length); defaults to 0.
