@@ -159,10 +159,18 @@ def record(source, prompts: np.ndarray, lengths: np.ndarray) -> Dict:
                            max_decode_steps=demo_model.LENGTHS['targets'],
                            method='speed', bidirectional=True,
                            record_schedule=True)
+  return replay_record(out, prompts, lengths)
+
+
+def replay_record(out: inference.Generation, prompts: np.ndarray,
+                  lengths: np.ndarray) -> Dict:
+  """A `Generation` with its SPEED schedule (greedy or sampled) as the
+  replay's inputs: the prompts, the produced token at each position (which
+  the sequential replay forces) and each step's exit predictions."""
   produced = np.asarray(out.tokens)
   batch = prompts.shape[0]
   width = prompts.shape[1] + 1 + produced.shape[1]
-  by_position = np.zeros((batch, width + 1), np.int32)   # forced greedy tokens
+  by_position = np.zeros((batch, width + 1), np.int32)   # forced tokens
   for b in range(batch):
     start = int(lengths[b]) + 1
     by_position[b, start:start + produced.shape[1]] = produced[b]

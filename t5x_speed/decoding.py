@@ -196,11 +196,8 @@ def greedy_decode(inputs: Array,
   decode_args.check_one_decode(num_decodes)
   checked = check_sequential(inputs, cache, tokens_to_logits, initial_index,
                              max_decode_steps, eos_id, cache_offset)
-  sequences, log_prob, ended = sequential_loop(inputs, cache,
-                                               tokens_to_logits, checked,
-                                               ARGMAX)
-  invalid = (checked.invalid != 0) | ~ended
-  scores = jnp.where(invalid, jnp.nan, log_prob)
+  sequences, scores = sequential_loop(inputs, cache, tokens_to_logits,
+                                      checked, ARGMAX)
   return sequences[:, None, 1:], scores[:, None]
 
 
@@ -222,13 +219,13 @@ def sequential_loop(inputs: Array, cache: Any,
                     tokens_to_logits: Callable[[DecodingState],
                                                Tuple[Array, Any]],
                     checked: decode_args.Checked,
-                    rule: 'TokenRule') -> Tuple[Array, Array, Array]:
+                    rule: TokenRule) -> Tuple[Array, Array]:
   """One full-depth token per loop step, chosen by `rule`.
 
   Returns:
-    (sequences [batch, length + 1] with BOS first, summed log-probabilities
-    [batch] of the produced tokens as `rule.log_prob` gives them, ended
-    [batch] bool).
+    (sequences [batch, length + 1] with BOS first, scores [batch]: the
+    summed log-probabilities of the produced tokens as `rule.log_prob`
+    gives them, NaN for an invalid example).
   """
   batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
@@ -265,7 +262,8 @@ def sequential_loop(inputs: Array, cache: Any,
       ended=checked.done,
       log_prob=jnp.zeros((batch,), jnp.float32), cache=cache,
       step=jnp.zeros((), jnp.int32)))
-  return final.sequences, final.log_prob, final.ended
+  invalid = (checked.invalid != 0) | ~final.ended
+  return final.sequences, jnp.where(invalid, jnp.nan, final.log_prob)
 
 
 # ----------------------------------------------------------------------------
@@ -493,13 +491,12 @@ def speed_decode(inputs: Array,
   stages, initial_carry, checked = check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
       initial_index, max_decode_steps, eos_id, cache_offset)
-  final = pipelined_loop(inputs, cache, pipeline_step_fn, stages,
-                         initial_carry, checked, ARGMAX, record_schedule)
-  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
-  scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
+  final, scores = pipelined_loop(inputs, cache, pipeline_step_fn, stages,
+                                 initial_carry, checked, ARGMAX,
+                                 record_schedule)
   outputs = (final.sequences[:, None, 1:], scores[:, None])
   if return_stats:
-    outputs += (final.stats.replace(invalid=invalid),)
+    outputs += (final.stats,)
   if record_schedule:
     outputs += (final.schedule,)
   return outputs
@@ -553,10 +550,13 @@ def pipelined_loop(inputs: Array, cache: Any,
                    pipeline_step_fn: PipelineStepFn, stages: int,
                    initial_carry: Array, checked: decode_args.Checked,
                    rule: TokenRule, record_schedule: bool = False
-                   ) -> SpeedState:
+                   ) -> Tuple[SpeedState, Array]:
   """SPEED's loop (see `speed_decode`), each stage's token chosen by `rule`.
 
-  Returns the final `SpeedState` (`stats.invalid` not yet filled in).
+  Returns:
+    (the final `SpeedState`, its `stats.invalid` filled in; scores [batch]:
+    the summed final-stage log-probabilities of the committed tokens as
+    `rule.log_prob` gives them, NaN for an invalid example).
   """
   batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
@@ -643,7 +643,7 @@ def pipelined_loop(inputs: Array, cache: Any,
                              buf(bool), jnp.zeros((), jnp.int32))
   empty = jnp.full((batch, stages - 1), -1, jnp.int32)
   first = jnp.where(checked.done, -1, initial_index)   # done: empty pipeline
-  return lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
+  final = lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
       stage_positions=jnp.concatenate([first[:, None], empty], 1),
       stage_tokens=jnp.concatenate([token0[:, None], 0 * empty], 1),
       stage_last_preds=jnp.zeros((batch, stages), jnp.int32),
@@ -655,3 +655,6 @@ def pipelined_loop(inputs: Array, cache: Any,
       stats=SpeedStats.zeros(batch, stages),
       schedule=schedule,
       step=jnp.zeros((), jnp.int32)))
+  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
+  return (final.replace(stats=final.stats.replace(invalid=invalid)),
+          jnp.where(invalid != 0, jnp.nan, final.log_prob))

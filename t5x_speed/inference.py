@@ -222,7 +222,7 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
                              prompt_lengths)
   if check_params:
     check_finite(params)
-  if record_schedule and method not in ('speed', 'speed_sample'):
+  if record_schedule and not steps.uses_pipeline(DECODE_FNS[method]):
     raise ValueError(f'record_schedule needs a SPEED method, got {method!r}.')
   temperature, topk, _ = sampling.check_settings(
       'generate', 1, temperature, topk, topp)

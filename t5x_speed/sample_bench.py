@@ -136,18 +136,6 @@ def _replay_decoder(method: str, module):
   return run
 
 
-def _record(generation, prompt, length) -> Dict[str, np.ndarray]:
-  """A recorded SPEED run as `bench`'s replay inputs."""
-  produced = np.asarray(generation.tokens)
-  width = prompt.shape[0] + 1 + produced.shape[1]
-  by_position = np.zeros((1, width + 1), np.int32)
-  start = int(length) + 1
-  by_position[0, start:start + produced.shape[1]] = produced[0]
-  return {'prompts': prompt[None], 'lengths': np.asarray([length]),
-          'by_position': by_position,
-          'predictions': np.asarray(generation.schedule.predictions)}
-
-
 def run(args) -> Dict[str, Any]:
   g, r = demo_model.parse_gxr(args.config)
   module, params = bench.demo_schedule_source(r, args.demo_out,
@@ -185,9 +173,9 @@ def run(args) -> Dict[str, Any]:
                     'speedup': seconds[sequential] / seconds[speed]}}
     if wide is not None:
       print(f'{name}: replay at width {args.width} ({g}x{r})...', flush=True)
-      recs = [_record(_generate(module, params, p, n, speed, setting, i,
-                                record=True), p, n)
-              for i, (p, n) in enumerate(zip(prompts, lengths))]
+      recs = [bench.replay_record(
+          _generate(module, params, p, n, speed, setting, i, record=True),
+          p[None], n[None]) for i, (p, n) in enumerate(zip(prompts, lengths))]
       s = setting or dict(temperature=0.0, topp=0.0)
       calls = {}
       for method in (sequential, speed):

@@ -306,9 +306,8 @@ def sample_decode(inputs: Array,
   x = _sampler_and_expand('sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs)
-  sequences, log_prob, ended = decoding.sequential_loop(
+  sequences, scores = decoding.sequential_loop(
       x.inputs, x.cache, tokens_to_logits, x.checked, x.sampler)
-  scores = jnp.where((x.checked.invalid != 0) | ~ended, jnp.nan, log_prob)
   return _sorted(sequences, scores, inputs.shape[0], num_decodes)
 
 
@@ -367,21 +366,19 @@ def speed_sample_decode(inputs: Array,
   x = _sampler_and_expand('speed_sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs)
-  final = decoding.pipelined_loop(
+  final, scores = decoding.pipelined_loop(
       x.inputs, x.cache, pipeline_step_fn, stages,
-      x.repeat(initial_carry), x.checked, x.sampler,
-      record_schedule)
-  invalid = x.checked.invalid | jnp.where(final.ended, 0,
-                                          decoding.INVALID_STEP_LIMIT)
-  scores = jnp.where(invalid != 0, jnp.nan, final.log_prob)
+      x.repeat(initial_carry), x.checked, x.sampler, record_schedule)
   outputs = _sorted(final.sequences, scores, inputs.shape[0], num_decodes)
   if return_stats:
+    # [rows, ...] -> [batch, num_decodes, ...]: counters summed per example,
+    # the invalid flags or-ed.
     per_example = lambda x: x.reshape((inputs.shape[0], num_decodes) +
                                       x.shape[1:])
-    stats = jax.tree.map(lambda x: per_example(x).sum(1),
-                         final.stats.replace(invalid=invalid))
+    stats = jax.tree.map(lambda x: per_example(x).sum(1), final.stats)
     outputs += (stats.replace(invalid=lax.reduce(
-        per_example(invalid), np.int32(0), lax.bitwise_or, (1,))),)
+        per_example(final.stats.invalid), np.int32(0), lax.bitwise_or,
+        (1,))),)
   if record_schedule:
     outputs += (final.schedule,)
   return outputs
