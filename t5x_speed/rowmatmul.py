@@ -252,7 +252,9 @@ def in_decode_scope() -> bool:
 def _ffi(x: Array, w: Array, n: int, transpose_w: bool, dtype) -> Array:
   call = jax.ffi.ffi_call(_TARGETS[transpose_w],
                           jax.ShapeDtypeStruct((x.shape[0], n), dtype),
-                          vmap_method='sequential')
+                          # One call for all vmapped matrices: the kernel
+                          # takes leading batch axes (size 1 = broadcast).
+                          vmap_method='expand_dims')
   return call(x, w)
 
 

@@ -133,6 +133,36 @@ class KernelValuesTest(parameterized.TestCase):
 
 
 @needs_kernel
+class VmapTest(parameterized.TestCase):
+  """Under jax.vmap the kernel runs once over all batch elements, each one
+  bit-identical to its own unbatched call; unbatched operands broadcast."""
+
+  @parameterized.product(batched=('both', 'x', 'w'), dtype=(F32, BF16),
+                         transpose_w=(False, True), rows=(1, 3, 9))
+  def test_equals_each_element_alone(self, batched, dtype, transpose_w, rows):
+    k, n, cols = 40, 70, (33 if transpose_w else None)
+    xs, ws = zip(*(_data(rows, k, n, dtype, transpose_w, seed=i)
+                   for i in range(6)))
+    xs, ws = jnp.stack(xs).reshape(2, 3, rows, k), jnp.stack(ws)
+    ws = ws.reshape((2, 3) + ws.shape[1:])
+    f = lambda x, w: rowmatmul.matmul(x, w, transpose_w=transpose_w, cols=cols)
+    axes = {'both': (0, 0), 'x': (0, None), 'w': (None, 0)}[batched]
+    x_in = xs if axes[0] == 0 else xs[0, 0]
+    w_in = ws if axes[1] == 0 else ws[0, 0]
+    batched_f = jax.jit(jax.vmap(jax.vmap(f, axes), axes))  # two batch axes
+    hlo = batched_f.lower(x_in, w_in).as_text()
+    self.assertEqual(hlo.count('t5x_speed_rowmatmul'), 1, hlo)
+    self.assertNotIn('while', hlo)
+    got = _bits(batched_f(x_in, w_in))
+    one = jax.jit(f)
+    for i, j in np.ndindex(2, 3):
+      x = x_in[i, j] if axes[0] == 0 else x_in
+      w = w_in[i, j] if axes[1] == 0 else w_in
+      np.testing.assert_array_equal(got[i, j], _bits(one(x, w)), f'{i}, {j}')
+      _assert_close(self, one(x, w), x, w, transpose_w, cols)
+
+
+@needs_kernel
 class RowIndependenceTest(parameterized.TestCase):
   """Row i of an M-row call is bit-identical to that row alone."""
 

@@ -10,6 +10,10 @@
 //   t5x_speed_rowmatmul_nt  w[N', K]: out = x @ w[:N].T, N = attribute `cols`
 //                           (the tied-embedding classifier, [vocab, emb])
 //
+// Both take leading batch axes (x [..., M, K], see `Batch`), so a jax.vmap
+// over a decode (e.g. the exactness fuzz over random models) makes one call
+// per matmul rather than one per batch element.
+//
 // Row independence: every output element is computed by one fixed sequence
 // of operations that depends on K (and, for the nt form, on the vector
 // width) only, never on M, on the column blocking or on the thread that runs
@@ -423,68 +427,130 @@ bool IsFloat(ffi::DataType t) {
   return t == ffi::DataType::F32 || t == ffi::DataType::BF16;
 }
 
+// Leading (batch) axes, as jax.vmap passes them (vmap_method='expand_dims'):
+// x [..., M, K], w [..., K, N] or [..., N', K] and out [..., M, N] have one
+// rank, and each leading axis of x and of w is out's or 1 (broadcast). Each
+// batch element is an independent few-row matmul with the same arithmetic
+// as an unbatched call.
+struct Batch {
+  int64_t count = 1;     // matrices in out
+  int64_t x_count = 1;   // matrices in x
+  std::vector<int64_t> dims, x_stride, w_stride;  // per leading axis
+
+  void Offsets(int64_t t, int64_t* xi, int64_t* wi) const {
+    *xi = *wi = 0;
+    for (int64_t i = static_cast<int64_t>(dims.size()) - 1; i >= 0; --i) {
+      const int64_t c = t % dims[i];
+      t /= dims[i];
+      *xi += c * x_stride[i];
+      *wi += c * w_stride[i];
+    }
+  }
+};
+
 // x is converted to f32 once (exactly: bf16 -> f32 is a shift), zero-padded
 // to Kp for the dot-product form's vector tail; W and O are the weight and
 // output element types (float or uint16_t for bf16).
 template <typename W, typename O>
 ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
-                    const ffi::AnyBuffer& w, ffi::AnyBuffer& out, int64_t M,
-                    int64_t K, int64_t N, bool transposed) {
+                    const ffi::AnyBuffer& w, ffi::AnyBuffer& out,
+                    const Batch& batch, int64_t M, int64_t K, int64_t N,
+                    bool transposed) {
   const int64_t Kp = transposed ? (K + kLanes - 1) / kLanes * kLanes : K;
-  std::vector<float> xf(static_cast<size_t>(M * Kp), 0.0f);
+  const int64_t rows = batch.x_count * M;
+  std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
   if (x.element_type() == ffi::DataType::F32) {
     const float* xs = static_cast<const float*>(x.untyped_data());
-    for (int64_t r = 0; r < M; ++r)
+    for (int64_t r = 0; r < rows; ++r)
       std::memcpy(&xf[r * Kp], xs + r * K, K * sizeof(float));
   } else {
     const uint16_t* xs = static_cast<const uint16_t*>(x.untyped_data());
-    for (int64_t r = 0; r < M; ++r)
+    for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < K; ++k) xf[r * Kp + k] = Bf16ToF32(xs[r * K + k]);
   }
-  Problem<W, O> p{xf.data(), Kp, static_cast<const W*>(w.untyped_data()),
-                  static_cast<O*>(out.untyped_data()), M, K, N, transposed};
-  Run(pool, p);
+  const auto wd = w.dimensions();
+  const int64_t w_matrix = wd[wd.size() - 2] * wd[wd.size() - 1];
+  const W* ws = static_cast<const W*>(w.untyped_data());
+  O* os = static_cast<O*>(out.untyped_data());
+  auto problem = [&](int64_t t) {
+    int64_t xi, wi;
+    batch.Offsets(t, &xi, &wi);
+    return Problem<W, O>{xf.data() + xi * M * Kp, Kp, ws + wi * w_matrix,
+                         os + t * M * N, M, K, N, transposed};
+  };
+  const int64_t bytes = K * N * static_cast<int64_t>(sizeof(W));
+  if (batch.count == 1 || bytes >= kMinParallelBytes) {
+    for (int64_t t = 0; t < batch.count; ++t) Run(pool, problem(t));
+  } else {  // many small matrices: one per chunk
+    int threads = batch.count * bytes >= kMinParallelBytes ? NumThreads() : 1;
+    if (pool.num_threads() <= 0) threads = 1;
+    ParallelFor(pool, batch.count, threads,
+                [&](int64_t t) { RunColumns(problem(t), 0, N); });
+  }
   return ffi::Error::Success();
 }
 
 ffi::Error Check(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
-                 const ffi::AnyBuffer& out, int64_t M, int64_t K, int64_t N,
-                 bool transposed) {
-  if (x.dimensions().size() != 2 || w.dimensions().size() != 2 ||
-      out.dimensions().size() != 2) {
-    return ffi::Error::InvalidArgument("rowmatmul: operands must be 2-D");
+                 const ffi::AnyBuffer& out, bool transposed, Batch* batch,
+                 int64_t* M, int64_t* K, int64_t* N) {
+  const auto xd = x.dimensions(), wd = w.dimensions(), od = out.dimensions();
+  const int64_t rank = static_cast<int64_t>(od.size());
+  if (rank < 2 || static_cast<int64_t>(xd.size()) != rank ||
+      static_cast<int64_t>(wd.size()) != rank) {
+    return ffi::Error::InvalidArgument(
+        "rowmatmul: x, w and out must have one rank >= 2");
   }
   if (!IsFloat(x.element_type()) || !IsFloat(w.element_type()) ||
       !IsFloat(out.element_type())) {
     return ffi::Error::InvalidArgument(
         "rowmatmul: x, w and out must each be float32 or bfloat16");
   }
-  const auto wd = w.dimensions();
-  const bool ok = transposed ? (wd[1] == K && wd[0] >= N)
-                             : (wd[0] == K && wd[1] == N);
-  if (!ok || out.dimensions()[0] != M || out.dimensions()[1] != N) {
+  *M = xd[rank - 2];
+  *K = xd[rank - 1];
+  *N = od[rank - 1];
+  const int64_t wk = transposed ? wd[rank - 1] : wd[rank - 2];
+  const int64_t wn = transposed ? wd[rank - 2] : wd[rank - 1];
+  if (wk != *K || (transposed ? wn < *N : wn != *N) || od[rank - 2] != *M) {
     return ffi::Error::InvalidArgument("rowmatmul: shape mismatch");
+  }
+  batch->dims.assign(rank - 2, 0);
+  batch->x_stride.assign(rank - 2, 0);
+  batch->w_stride.assign(rank - 2, 0);
+  int64_t ws = 1;
+  for (int64_t i = rank - 3; i >= 0; --i) {
+    const int64_t d = od[i];
+    if ((xd[i] != d && xd[i] != 1) || (wd[i] != d && wd[i] != 1)) {
+      return ffi::Error::InvalidArgument(
+          "rowmatmul: each batch axis of x and w must be out's or 1");
+    }
+    batch->dims[i] = d;
+    batch->x_stride[i] = xd[i] == 1 ? 0 : batch->x_count;
+    batch->w_stride[i] = wd[i] == 1 ? 0 : ws;
+    batch->x_count *= xd[i];
+    ws *= wd[i];
+    batch->count *= d;
   }
   return ffi::Error::Success();
 }
 
 ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
                 ffi::Result<ffi::AnyBuffer> out, bool transposed) {
-  if (x.dimensions().size() != 2 || out->dimensions().size() != 2) {
-    return ffi::Error::InvalidArgument("rowmatmul: operands must be 2-D");
-  }
-  const int64_t M = x.dimensions()[0], K = x.dimensions()[1];
-  const int64_t N = out->dimensions()[1];
-  if (ffi::Error e = Check(x, w, *out, M, K, N, transposed); e.failure()) {
+  Batch batch;
+  int64_t M, K, N;
+  if (ffi::Error e = Check(x, w, *out, transposed, &batch, &M, &K, &N);
+      e.failure()) {
     return e;
   }
-  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (M == 0 || N == 0 || batch.count == 0) return ffi::Error::Success();
   const bool w32 = w.element_type() == ffi::DataType::F32;
   const bool o32 = out->element_type() == ffi::DataType::F32;
-  if (w32 && o32) return Dispatch<float, float>(pool, x, w, *out, M, K, N, transposed);
-  if (w32) return Dispatch<float, uint16_t>(pool, x, w, *out, M, K, N, transposed);
-  if (o32) return Dispatch<uint16_t, float>(pool, x, w, *out, M, K, N, transposed);
-  return Dispatch<uint16_t, uint16_t>(pool, x, w, *out, M, K, N, transposed);
+  if (w32 && o32)
+    return Dispatch<float, float>(pool, x, w, *out, batch, M, K, N, transposed);
+  if (w32)
+    return Dispatch<float, uint16_t>(pool, x, w, *out, batch, M, K, N, transposed);
+  if (o32)
+    return Dispatch<uint16_t, float>(pool, x, w, *out, batch, M, K, N, transposed);
+  return Dispatch<uint16_t, uint16_t>(pool, x, w, *out, batch, M, K, N, transposed);
 }
 
 ffi::Error RowMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
