@@ -1,6 +1,9 @@
 r"""Exactness fuzz: SPEED == greedy == an uncached forward pass, on random models.
 
   python -m t5x_speed.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
+  # A long run in shards (machines or sessions), then their total:
+  python -m t5x_speed.fuzz --cases 10000 --shard 0/4 --json s0.json ...
+  python -m t5x_speed.fuzz --merge s0.json s1.json s2.json s3.json
 
 Cases come in groups that share one architecture and one set of shapes, so
 that each group compiles its functions once (compilation, not decoding,
@@ -38,9 +41,10 @@ prints the counts and exits 1 on a real bug.
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import List, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -320,35 +324,103 @@ def _check_case(group, report, case_id, inputs, lengths, limit, eos, ref,
     report.exact_rows += 1
 
 
+def plan(cases: int, seed: int, cases_per_group: int, dtype: str,
+         shard: int = 0, num_shards: int = 1
+         ) -> List[Tuple[int, Group, int, np.random.RandomState]]:
+  """The groups that `shard` of `num_shards` runs: (index, group, cases, rng).
+
+  Group i holds cases [i * cases_per_group, ...) and draws everything (its
+  architecture here, then its cases from the returned rng in `run_cases`)
+  from RandomState([seed, i]), so a run split into shards (group i goes to
+  shard i mod num_shards), on one machine or several, checks exactly the
+  cases of the unsplit run.
+  """
+  out = []
+  for i in range(shard, -(-cases // cases_per_group), num_shards):
+    rng = np.random.RandomState([seed, i])
+    out.append((i, draw_group(rng, dtype),
+                min(cases_per_group, cases - i * cases_per_group), rng))
+  return out
+
+
 def run(cases: int, seed: int = 0, dtype: str = 'float32',
-        cases_per_group: int = 25, log=None) -> Report:
-  """Runs `cases` fuzz cases; returns the `Report`."""
+        cases_per_group: int = 25, log=None, shard: int = 0,
+        num_shards: int = 1) -> Report:
+  """Runs `cases` fuzz cases (or one shard's groups); returns the `Report`."""
   if dtype not in NEAR_TIE:
     raise ValueError(f'dtype must be one of {sorted(NEAR_TIE)}, got {dtype!r}.')
   if cases < 1 or cases_per_group < 1:
     raise ValueError('cases and cases_per_group must be >= 1, got '
                      f'{cases} and {cases_per_group}.')
-  rng = np.random.RandomState(seed)
+  if not 0 <= shard < num_shards:
+    raise ValueError(f'shard must be in [0, num_shards), got {shard} of '
+                     f'{num_shards}.')
   report = Report(dtype=dtype, tolerance=NEAR_TIE[dtype])
   start = time.time()
-  done = 0
-  while done < cases:
-    group = draw_group(rng, dtype)
+  for index, group, count, rng in plan(cases, seed, cases_per_group, dtype,
+                                       shard, num_shards):
     compiled = _Compiled(group)
     report.groups += 1
-    count = min(cases_per_group, cases - done)
     per_case = group.batch * group.g * group.r * group.length * group.width
     chunk = max(1, CALL_CELLS // per_case)
     for first in range(0, count, chunk):
       run_cases(compiled, rng, report, min(chunk, count - first),
-                f'seed {seed} case {done + first}')
-    done += count
+                f'seed {seed} group {index} case {first}')
     if log:
-      log(f'[{time.time() - start:6.0f} s] {done}/{cases} cases, '
-          f'near-ties {report.near_ties}, real bugs {report.real_bugs}  '
-          f'({group})')
+      log(f'[{time.time() - start:6.0f} s] group {index}: {report.cases} '
+          f'cases, near-ties {report.near_ties}, real bugs '
+          f'{report.real_bugs}  ({group})')
   report.seconds = time.time() - start
   return report
+
+
+def merge(reports: List[Report]) -> Report:
+  """The report of a run whose shards gave `reports` (one dtype)."""
+  if len({r.dtype for r in reports}) != 1:
+    raise ValueError('reports of different dtypes cannot be merged.')
+  total = Report(dtype=reports[0].dtype, tolerance=reports[0].tolerance)
+  for r in reports:
+    for f in dataclasses.fields(Report):
+      if f.name not in ('dtype', 'tolerance'):
+        setattr(total, f.name, getattr(total, f.name) + getattr(r, f.name))
+  return total
+
+
+def _shard(text: str) -> Tuple[int, int]:
+  try:
+    k, n = (int(v) for v in text.split('/'))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'--shard wants K/N, got {text!r}')
+  if not 0 <= k < n:
+    raise argparse.ArgumentTypeError(f'--shard K/N needs 0 <= K < N, got {text}')
+  return k, n
+
+
+def merge_files(paths: List[str]) -> Report:
+  """Merges the `--json` files of every shard of one run, checking they are."""
+  runs, reports = [], []
+  for path in paths:
+    with open(path) as f:
+      data = json.load(f)
+    runs.append(data['run'])
+    reports.append(Report(**data['report']))
+  same = {k: v for k, v in runs[0].items() if k != 'shard'}
+  for path, r in zip(paths, runs):
+    if {k: v for k, v in r.items() if k != 'shard'} != same:
+      raise ValueError(f'{path} is from another run: {r} vs {runs[0]}')
+  shards = sorted(r['shard'] for r in runs)
+  if shards != list(range(same['num_shards'])):
+    raise ValueError(f'shards {shards} are not each of 0..'
+                     f'{same["num_shards"] - 1} exactly once.')
+  return merge(reports)
+
+
+def _print(report: Report):
+  for line in report.ties[:20]:
+    print('near-tie:', line)
+  for line in report.bugs[:50]:
+    print('REAL BUG:', line)
+  print(report.summary())
 
 
 def main(argv=None) -> int:
@@ -364,16 +436,32 @@ def main(argv=None) -> int:
                       help='activation dtype of the random models')
   parser.add_argument('--cases-per-group', type=int, default=25,
                       help='cases sharing one architecture (one compile)')
+  parser.add_argument('--shard', type=_shard, default='0/1', metavar='K/N',
+                      help='run only groups i with i mod N == K (0-based); '
+                      'the N shards together are the whole run')
+  parser.add_argument('--json', metavar='PATH',
+                      help='also write the run settings and counts here')
+  parser.add_argument('--merge', nargs='+', metavar='JSON',
+                      help='print the summary of a sharded run from its '
+                      "shards' --json files (runs nothing)")
   parser.add_argument('--quiet', action='store_true',
                       help='print only the summary')
   args = parser.parse_args(argv)
-  log = None if args.quiet else (lambda m: print(m, flush=True))
-  report = run(args.cases, args.seed, args.dtype, args.cases_per_group, log)
-  for line in report.ties[:20]:
-    print('near-tie:', line)
-  for line in report.bugs[:50]:
-    print('REAL BUG:', line)
-  print(report.summary())
+  if args.merge:
+    report = merge_files(args.merge)
+  else:
+    log = None if args.quiet else (lambda m: print(m, flush=True))
+    shard, num_shards = args.shard
+    report = run(args.cases, args.seed, args.dtype, args.cases_per_group, log,
+                 shard, num_shards)
+    if args.json:
+      settings = dict(seed=args.seed, cases=args.cases, dtype=args.dtype,
+                      cases_per_group=args.cases_per_group, shard=shard,
+                      num_shards=num_shards)
+      with open(args.json, 'w') as f:
+        json.dump({'run': settings, 'report': dataclasses.asdict(report)}, f,
+                  indent=1)
+  _print(report)
   return 1 if report.real_bugs else 0
 
 

@@ -6,7 +6,12 @@ are rare enough that one would deserve a look). The runner itself must catch a
 broken SPEED and tell a near-tie from a real bug.
 """
 
+import dataclasses
 import functools
+import json
+import os
+import shutil
+import tempfile
 
 from absl.testing import absltest
 import jax
@@ -53,6 +58,45 @@ class FuzzSliceTest(absltest.TestCase):
       decoding.speed_decode = real
     self.assertGreater(report.real_bugs, 0)
     self.assertIn('SPEED != greedy', report.bugs[0])
+
+  def test_shards_partition_the_run(self):
+    whole = fuzz.plan(1050, seed=3, cases_per_group=100, dtype='float32')
+    self.assertEqual([i for i, *_ in whole], list(range(11)))
+    self.assertEqual(sum(c for _, _, c, _ in whole), 1050)
+    shards = [fuzz.plan(1050, 3, 100, 'float32', k, 3) for k in range(3)]
+    self.assertEqual(sorted(i for s in shards for i, *_ in s), list(range(11)))
+    by_index = {i: (g, c, rng.randint(2**31)) for i, g, c, rng in whole}
+    for shard in shards:
+      for i, g, c, rng in shard:   # same architecture, cases and case draws
+        self.assertEqual((g, c, rng.randint(2**31)), by_index[i])
+    self.assertNotEqual(whole[0][1], whole[1][1])
+    with self.assertRaisesRegex(ValueError, 'shard must be in'):
+      fuzz.run(10, shard=2, num_shards=2)
+
+  def test_merge_checks_the_shards(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp)
+    run = dict(seed=1, cases=20, dtype='float32', cases_per_group=5,
+               num_shards=2)
+
+    def write(name, shard, **changes):
+      report = fuzz.Report('float32', 1e-4, cases=10, groups=2, rows=30,
+                           near_ties=shard, bugs=[f'b{shard}'])
+      path = os.path.join(tmp, name)
+      with open(path, 'w') as f:
+        json.dump({'run': {**run, 'shard': shard, **changes},
+                   'report': dataclasses.asdict(report)}, f)
+      return path
+
+    a, b = write('a', 0), write('b', 1)
+    total = fuzz.merge_files([a, b])
+    self.assertEqual((total.cases, total.groups, total.rows, total.near_ties,
+                      total.bugs), (20, 4, 60, 1, ['b0', 'b1']))
+    with self.assertRaisesRegex(ValueError, 'not each of 0..1'):
+      fuzz.merge_files([a, a])
+    with self.assertRaisesRegex(ValueError, 'from another run'):
+      fuzz.merge_files([a, write('c', 1, seed=2)])
+    self.assertEqual(fuzz.main(['--merge', a, b]), 0)
 
   def test_near_tie_classification(self):
     report = fuzz.Report('float32', 1e-4)
