@@ -31,6 +31,19 @@ T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
             'T5X_WHEELS=<folder of t5x wheels>`) to run them.')
 
 
+# The slowest modules (T5X binaries in subprocesses, the fuzz slice, the
+# demo), started first so that with pytest-xdist (`make test`) no worker is
+# left running one of them alone at the end.
+SLOW_FIRST = ('test_t5x_binaries.py', 'test_readme_commands.py',
+              'test_t5x_checkpoints.py', 'test_fuzz.py', 'test_demo.py',
+              'test_t5x_model.py')
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+
+
 def pytest_sessionfinish(session, exitstatus):
   reporter = session.config.pluginmanager.get_plugin('terminalreporter')
   skipped = len(reporter.stats.get('skipped', [])) if reporter else 0

@@ -86,9 +86,10 @@ def _produced_count(tokens, eos_id):
 
 class SpeedEqualsGreedyTest(parameterized.TestCase):
 
-  # Six configurations here; the CI fuzz slice (test_fuzz.py) adds 200
-  # random cases over more architectures, prompts and EOS settings.
-  @parameterized.parameters(*_configs(6))
+  # Four configurations here; the CI fuzz slice (test_fuzz.py) adds 200
+  # random cases over more prompts and EOS settings, test_sampling.py and
+  # test_rowmatmul.py (bf16) eight more random architectures.
+  @parameterized.parameters(*_configs(4))
   def test_random_models(self, g, r, sharing, batch, seed):
     module, params = _model(g, r, sharing, seed)
     prompts, lengths = _prompts(batch, seed)
@@ -130,7 +131,7 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
 
 class ShortlistTest(parameterized.TestCase):
 
-  @parameterized.parameters((2, 3, 41), (4, 3, 42), (1, 4, 43))
+  @parameterized.parameters((2, 3, 41), (1, 4, 43))
   def test_speculative_shortlist_keeps_the_output(self, g, r, seed):
     module, params = _model(g, r, 'cycle', seed)
     prompts, lengths = _prompts(5, seed)
