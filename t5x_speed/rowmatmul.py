@@ -53,10 +53,11 @@ Array = jax.Array
 
 ENV_SWITCH = 'T5X_SPEED_KERNEL'  # '0' disables the kernel (A/B measurement)
 # Rows up to which decode-step matmuls use the kernel. Measured at T5-Base
-# width on 2 cores (see README): the kernel beats XLA's GEMM at every row
-# count up to 64 in bf16 and f32, with the gap closing as rows grow; above
-# that, training and prefill shapes keep XLA's dot untouched (T5X parity).
-# 64 covers SPEED's batch*R rows of the bench (16 x 3 = 48).
+# width on 2 cores (see README): in bf16 the kernel beats XLA's dot at every
+# row count up to 64; in f32 XLA's GEMM is faster from about 48 rows (75 vs
+# 83 ms at 48). 64 still covers SPEED's batch*R rows of the bench (16 x 3 =
+# 48) because the kernel's row independence keeps SPEED bit-identical to
+# greedy; above it, training and prefill shapes keep XLA's dot (T5X parity).
 MAX_ROWS = 64
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc',
