@@ -60,6 +60,7 @@ from t5x_speed import demo_model
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import rowmatmul
+from t5x_speed import sampling
 from t5x_speed import steps
 
 LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
@@ -203,21 +204,31 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
   return fn
 
 
-def _decoder(method: str, module, speculative_vocab: int):
-  """jit fn(params, prompts, lengths, by_position, predictions) replaying a
-  recorded batch; returns (decodes, stats or None)."""
+PIPELINED = ('speed', 'speed_short', 'speed_sample')
+
+
+def replay_decoder(method: str, module, speculative_vocab: int = 0):
+  """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
+  replaying a recorded batch; returns (decodes, `SpeedStats` or None).
+
+  `method` is one of this module's methods (greedy, speed, speed_short,
+  t5x_sample) or a sampler of `t5x_speed.sampling` (sample, speed_sample),
+  which takes sample=dict(decode_rng=..., temperature=..., topp=...).
+  """
   max_steps = demo_model.LENGTHS['targets']
 
   @jax.jit
-  def run(params, prompts, lengths, by_position, predictions):
+  def run(params, prompts, lengths, by_position, predictions, sample=None):
     spec = speculative_vocab if method == 'speed_short' else None
     bound = steps.BoundSteps(module, params, spec)
     inputs, cache = inference.prepare(bound, prompts, lengths, max_steps,
                                       bidirectional=True)
     kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
-                  max_decode_steps=max_steps)
-    if method.startswith('speed'):
-      decodes, _, stats = decoding.speed_decode(
+                  max_decode_steps=max_steps, **(sample or {}))
+    if method in PIPELINED:
+      fn = (sampling.speed_sample_decode if method == 'speed_sample' else
+            decoding.speed_decode)
+      decodes, _, stats = fn(
           cache=(cache, jnp.zeros((), jnp.int32)),
           pipeline_step_fn=_replayed_pipeline_step(bound.pipeline_step,
                                                    predictions),
@@ -232,8 +243,8 @@ def _decoder(method: str, module, speculative_vocab: int):
           cache=cache, tokens_to_logits=forced, topk=1, temperature=0.0,
           **kwargs)
       return decodes, None
-    decodes, _ = decoding.greedy_decode(cache=cache, tokens_to_logits=forced,
-                                        **kwargs)
+    fn = sampling.sample_decode if method == 'sample' else decoding.greedy_decode
+    decodes, _ = fn(cache=cache, tokens_to_logits=forced, **kwargs)
     return decodes, None
 
   return run
@@ -297,8 +308,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
       models[key] = _init(cfg)
     module, params = models[key]
     xla = method.endswith('_xla')
-    fn = _decoder(method[:-4] if xla else method, module,
-                  args.speculative_vocab)
+    fn = replay_decoder(method[:-4] if xla else method, module,
+                        args.speculative_vocab)
     runs[method] = [functools.partial(
         fn, params, *(jnp.asarray(rec[k]) for k in (
             'prompts', 'lengths', 'by_position', 'predictions')))

@@ -97,7 +97,7 @@ def replay_wide(settings: demo_model.DemoSettings, params, width: int,
       settings.num_unique_layers, settings.num_repeats, width))
   runs = {}
   for method in ('greedy', 'speed'):
-    fn = bench._decoder(method, module, 0)  # pylint: disable=protected-access
+    fn = bench.replay_decoder(method, module)
     runs[method] = [functools.partial(fn, wide_params, *(jnp.asarray(rec[k])
                                                          for k in (
         'prompts', 'lengths', 'by_position', 'predictions'))) for rec in recs]

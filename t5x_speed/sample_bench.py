@@ -40,8 +40,6 @@ from t5x_speed import decoding
 from t5x_speed import demo_model
 from t5x_speed import inference
 from t5x_speed import rowmatmul
-from t5x_speed import sampling
-from t5x_speed import steps
 
 SETTINGS = (('greedy', None), ('T=0.5', dict(temperature=0.5, topp=0.0)),
             ('T=0.7', dict(temperature=0.7, topp=0.0)),
@@ -104,38 +102,6 @@ def _timed(calls: Dict[str, List[Any]], repeats: int):
   return {m: float(np.median(s)) for m, s in seconds.items()}, outputs
 
 
-def _replay_decoder(method: str, module):
-  """jit fn(params, prompts, lengths, by_position, predictions, temperature,
-  topp, rng) replaying a recorded batch with a sampler or greedy."""
-  max_steps = demo_model.LENGTHS['targets']
-
-  @jax.jit
-  def run(params, prompts, lengths, by_position, predictions, temperature,
-          topp, rng):
-    bound = steps.BoundSteps(module, params)
-    inputs, cache = inference.prepare(bound, prompts, lengths, max_steps,
-                                      bidirectional=True)
-    kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
-                  max_decode_steps=max_steps)
-    sample = dict(decode_rng=rng, temperature=temperature, topp=topp)
-    if method in ('speed', 'speed_sample'):
-      fn = decoding.speed_decode if method == 'speed' else functools.partial(
-          sampling.speed_sample_decode, **sample)
-      return fn(cache=(cache, jnp.zeros((), jnp.int32)),
-                pipeline_step_fn=bench._replayed_pipeline_step(  # pylint: disable=protected-access
-                    bound.pipeline_step, predictions),
-                num_stages=module.config.num_repeats,
-                initial_carry=bound.initial_carry(prompts.shape[0]),
-                return_stats=True, **kwargs)[0]
-    fn = decoding.greedy_decode if method == 'greedy' else functools.partial(
-        sampling.sample_decode, **sample)
-    forced = bench._forced_tokens_to_logits(bound.tokens_to_logits,  # pylint: disable=protected-access
-                                            by_position)
-    return fn(cache=cache, tokens_to_logits=forced, **kwargs)[0]
-
-  return run
-
-
 def run(args) -> Dict[str, Any]:
   g, r = demo_model.parse_gxr(args.config)
   module, params = bench.demo_schedule_source(r, args.demo_out,
@@ -176,15 +142,17 @@ def run(args) -> Dict[str, Any]:
       recs = [bench.replay_record(
           _generate(module, params, p, n, speed, setting, i, record=True),
           p[None], n[None]) for i, (p, n) in enumerate(zip(prompts, lengths))]
-      s = setting or dict(temperature=0.0, topp=0.0)
       calls = {}
       for method in (sequential, speed):
-        fn = _replay_decoder(method, wide[0])
+        fn = bench.replay_decoder(method, wide[0])
         calls[method] = [functools.partial(
             fn, wide[1], *(jnp.asarray(rec[k]) for k in (
                 'prompts', 'lengths', 'by_position', 'predictions')),
-            jnp.float32(s['temperature']), jnp.float32(s['topp']),
-            jax.random.PRNGKey(i)) for i, rec in enumerate(recs)]
+            sample=None if setting is None else dict(
+                decode_rng=jax.random.PRNGKey(i),
+                temperature=jnp.float32(setting['temperature']),
+                topp=jnp.float32(setting['topp'])))
+            for i, rec in enumerate(recs)]
       seconds, outputs = _timed(calls, args.repeats)
       row['replay'] = {
           'width': args.width, 'vocab_size': args.vocab_size,
@@ -193,7 +161,7 @@ def run(args) -> Dict[str, Any]:
                                      summary['tokens'],
           'speed_ms_per_token': 1e3 * seconds[speed] / summary['tokens'],
           'speedup': seconds[sequential] / seconds[speed],
-          'consistent': all(np.array_equal(a, b) for a, b in zip(
+          'consistent': all(np.array_equal(a[0], b[0]) for a, b in zip(
               outputs[speed], outputs[sequential]))}
     rows.append(row)
     print(json.dumps(row), flush=True)

@@ -114,23 +114,24 @@ class SampleBenchTest(absltest.TestCase):
   def test_runs_on_a_tiny_model(self):
     # A random 2x3 model with the demo's vocabulary stands in for the trained
     # demo model (training takes minutes; test_demo trains one); one setting
-    # and no wide replay keep it to two compiles (the table test below
-    # covers the replay columns).
+    # and a replay at width 16 keep it to four compiles.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
     out = tempfile.mkdtemp()
     with mock.patch.object(bench, 'demo_schedule_source',
                            return_value=source), \
          mock.patch.object(sample_bench, 'SETTINGS',
                            sample_bench.SETTINGS[-1:]):
-      sample_bench.main(['--config', '2x3', '--prompts', '2', '--width', '0',
-                         '--repeats', '1', '--out', out])
+      sample_bench.main(['--config', '2x3', '--prompts', '2', '--width', '16',
+                         '--vocab_size', '64', '--repeats', '1', '--out', out])
     with open(os.path.join(out, 'sample_bench.json')) as f:
       (row,) = json.load(f)['rows']
     self.assertEqual(row['setting'], 'T=1.0, top-p 0.9')
     self.assertTrue(row['identical'])
     self.assertGreaterEqual(row['steps_per_token'], 1.0)
     self.assertGreater(row['demo']['speedup'], 0.0)
-    self.assertNotIn('replay', row)
+    self.assertTrue(row['replay']['consistent'])
+    self.assertEqual(row['replay']['width'], 16)
+    self.assertGreater(row['replay']['speedup'], 0.0)
 
   def test_table(self):
     row = {'setting': 'T=0.7', 'steps_per_token': 1.25,

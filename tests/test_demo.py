@@ -13,6 +13,7 @@ import seqio
 from t5x_speed import bench
 from t5x_speed import demo
 from t5x_speed import demo_model
+from t5x_speed import inference
 from t5x_speed import network
 import t5x_speed.tasks  # pylint: disable=unused-import
 from t5x_speed.tasks import demo as demo_task
@@ -93,39 +94,65 @@ class DemoModelTest(absltest.TestCase):
 
 
 class ReplayTest(absltest.TestCase):
+  """A recorded SPEED run replayed on another model of the same depth."""
 
-  def test_replay_reproduces_the_recorded_schedule(self):
+  def setUp(self):
+    super().setUp()
     source_settings = demo_model.DemoSettings(width=16, num_repeats=3)
-    source_module = network.SpeedTransformer(source_settings.config())
+    self.source = network.SpeedTransformer(source_settings.config())
     tokens = jnp.ones((1, 4), jnp.int32)
-    source_params = source_module.init(jax.random.PRNGKey(1), tokens, tokens,
-                                       enable_dropout=False)['params']
-    prompts, lengths, _ = demo_model.held_out(3)
-    rec = bench.record((source_module, source_params), prompts, lengths)
+    self.source_params = self.source.init(
+        jax.random.PRNGKey(1), tokens, tokens, enable_dropout=False)['params']
     # Another model of the same depth, with different weights and width.
-    other = network.SpeedTransformer(network.TransformerConfig(
+    self.other = network.SpeedTransformer(network.TransformerConfig(
         vocab_size=demo_model.VOCAB_SIZE, emb_dim=24, num_heads=2,
         head_dim=12, mlp_dim=32, num_unique_layers=1, num_repeats=3))
-    other_params = other.init(jax.random.PRNGKey(2), tokens, tokens,
-                              enable_dropout=False)['params']
+    self.other_params = self.other.init(
+        jax.random.PRNGKey(2), tokens, tokens, enable_dropout=False)['params']
+    self.prompts, self.lengths, _ = demo_model.held_out(3)
+
+  def assert_replays(self, rec, sequential, speed, sample=None):
+    """Both replays give the recorded tokens, SPEED the recorded schedule."""
     args = [jnp.asarray(rec[k]) for k in ('prompts', 'lengths', 'by_position',
                                           'predictions')]
-    speed_decodes, stats = bench._decoder('speed', other, 0)(other_params,
-                                                             *args)
-    greedy_decodes, _ = bench._decoder('greedy', other, 0)(other_params,
-                                                           *args)
-    np.testing.assert_array_equal(speed_decodes, greedy_decodes)
+    speed_decodes, stats = bench.replay_decoder(speed, self.other)(
+        self.other_params, *args, sample=sample)
+    decodes, none = bench.replay_decoder(sequential, self.other)(
+        self.other_params, *args, sample=sample)
+    self.assertIsNone(none)
+    np.testing.assert_array_equal(speed_decodes, decodes)
     self.assertEqual(int(np.sum(stats.flushes)), rec['summary']['flushes'])
     self.assertEqual(int(np.sum(stats.num_tokens)), rec['tokens'])
     self.assertEqual(int(np.sum(stats.num_steps)),
                      rec['summary']['example_steps'])
     # The forced tokens are the recorded model's output.
-    produced = np.asarray(greedy_decodes)[:, 0]
-    for b, length in enumerate(lengths):
-      n = int(np.sum(rec['by_position'][b] > 0))
+    produced = np.asarray(decodes)[:, 0]
+    for b, length in enumerate(self.lengths):
+      n = rec['row_tokens'][b]
+      self.assertGreater(n, 0)
       np.testing.assert_array_equal(
           produced[b, length:length + n],
           rec['by_position'][b, length + 1:length + 1 + n])
+
+  def test_replay_reproduces_the_recorded_schedule(self):
+    rec = bench.record((self.source, self.source_params), self.prompts,
+                       self.lengths)
+    self.assert_replays(rec, 'greedy', 'speed')
+
+  def test_sampled_replay_reproduces_the_sampled_schedule(self):
+    # The sample_bench replay: the samplers, at temperature 1 with top-p,
+    # draw the forced token (logit 1e9) whatever their noise.
+    setting = dict(temperature=1.0, topp=0.9)
+    out = inference.generate(
+        self.source, self.source_params, self.prompts, self.lengths,
+        max_decode_steps=demo_model.LENGTHS['targets'], method='speed_sample',
+        bidirectional=True, record_schedule=True, rng=jax.random.PRNGKey(3),
+        **setting)
+    rec = bench.replay_record(out, self.prompts, self.lengths)
+    self.assertGreater(rec['summary']['flushes'], 0)
+    self.assert_replays(rec, 'sample', 'speed_sample', sample=dict(
+        decode_rng=jax.random.PRNGKey(5),
+        **{k: jnp.float32(v) for k, v in setting.items()}))
 
 
 if __name__ == '__main__':
