@@ -287,7 +287,7 @@ def _check_case(group, report, case_id, inputs, lengths, limit, eos, ref,
     report.rows += 1
     start = lengths[b] + 1                       # first produced position
     # 3. The reference against the uncached forward pass.
-    report.forward_tokens += limit[b]
+    report.forward_tokens += int(limit[b])
     bad = np.flatnonzero(fwd_argmax[b, lengths[b]:lengths[b] + limit[b]] !=
                          ref_rows[b])
     if bad.size:
@@ -396,6 +396,13 @@ def _shard(text: str) -> Tuple[int, int]:
   return k, n
 
 
+def save(path: str, report: Report, **run_settings):
+  """Writes a run's (or shard's) settings and counts for `merge_files`."""
+  with open(path, 'w') as f:
+    json.dump({'run': run_settings, 'report': dataclasses.asdict(report)}, f,
+              indent=1)
+
+
 def merge_files(paths: List[str]) -> Report:
   """Merges the `--json` files of every shard of one run, checking they are."""
   runs, reports = [], []
@@ -455,12 +462,9 @@ def main(argv=None) -> int:
     report = run(args.cases, args.seed, args.dtype, args.cases_per_group, log,
                  shard, num_shards)
     if args.json:
-      settings = dict(seed=args.seed, cases=args.cases, dtype=args.dtype,
-                      cases_per_group=args.cases_per_group, shard=shard,
-                      num_shards=num_shards)
-      with open(args.json, 'w') as f:
-        json.dump({'run': settings, 'report': dataclasses.asdict(report)}, f,
-                  indent=1)
+      save(args.json, report, seed=args.seed, cases=args.cases,
+           dtype=args.dtype, cases_per_group=args.cases_per_group,
+           shard=shard, num_shards=num_shards)
   _print(report)
   return 1 if report.real_bugs else 0
 

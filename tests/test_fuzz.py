@@ -38,6 +38,12 @@ class FuzzSliceTest(absltest.TestCase):
     # The slice exercises what it claims: flushes happen, tokens compared.
     self.assertGreater(report.flushes, 0)
     self.assertGreater(report.tokens_compared, 1000)
+    # --json writes what --merge reads back (a one-shard run).
+    path = os.path.join(tempfile.mkdtemp(), 'slice.json')
+    self.addCleanup(os.remove, path)
+    fuzz.save(path, report, seed=0, cases=200, dtype='float32',
+              cases_per_group=100, shard=0, num_shards=1)
+    self.assertEqual(fuzz.merge_files([path]), report)
 
   def test_catches_a_broken_speed(self):
     real = decoding.speed_decode
