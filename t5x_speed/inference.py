@@ -38,6 +38,16 @@ from t5x_speed import sampling
 from t5x_speed import steps
 
 Array = jax.Array
+# How `generate` compiles. XLA's default lets it keep a bfloat16 value in
+# float32 wherever that is convenient (a fused chain of ops, a convert pair
+# it folds), and where it does so depends on the program, so greedy's one-row
+# graph and SPEED's R-row graph round bf16 activations at different places
+# and can disagree at near-ties even with the row-independent kernel (the
+# fuzz measures how often). Rounding every bf16 value as the program says
+# makes bf16 SPEED bit-identical to greedy on CPU. float32 is unaffected. A
+# jit outside this package (T5X's) gets the same with
+# XLA_FLAGS=--xla_allow_excess_precision=false.
+COMPILER_OPTIONS = {'xla_allow_excess_precision': False}
 DECODE_FNS = {'speed': decoding.speed_decode, 'greedy': decoding.greedy_decode,
               'speed_sample': sampling.speed_sample_decode,
               'sample': sampling.sample_decode}
@@ -117,7 +127,8 @@ def produced_tokens(decodes: Array, prompt_lengths: Array,
 
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
-    'record_schedule', 'speculative_vocab_size', 'topk'))
+    'record_schedule', 'speculative_vocab_size', 'topk'),
+                   compiler_options=COMPILER_OPTIONS)
 def _generate(module, params, prompts, prompt_lengths, temperature, topp,
               rng, *, max_decode_steps, method, eos_id, bidirectional,
               record_schedule, speculative_vocab_size, topk) -> Generation:
