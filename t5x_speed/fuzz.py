@@ -510,7 +510,8 @@ def main(argv=None) -> int:
                       help='run only groups i with i mod N == K (0-based); '
                       'the N shards together are the whole run')
   parser.add_argument('--json', metavar='PATH',
-                      help='also write the run settings and counts here')
+                      help='also write the run settings and counts here '
+                      "(with --merge: the merged run's)")
   parser.add_argument('--merge', nargs='+', metavar='JSON',
                       help='print the summary of a sharded run from its '
                       "shards' --json files (runs nothing)")
@@ -522,6 +523,11 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.merge:
     report = merge_files(args.merge)
+    if args.json:   # the whole run's settings and counts
+      with open(args.merge[0]) as f:
+        settings = json.load(f)['run']
+      del settings['shard']
+      save(args.json, report, **settings)
   else:
     log = None if args.quiet else (lambda m: print(m, flush=True))
     shard, num_shards = args.shard

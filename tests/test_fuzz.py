@@ -123,7 +123,12 @@ class FuzzSliceTest(absltest.TestCase):
       fuzz.merge_files([a, a])
     with self.assertRaisesRegex(ValueError, 'from another run'):
       fuzz.merge_files([a, write('c', 1, seed=2)])
-    self.assertEqual(fuzz.main(['--merge', a, b]), 0)
+    merged = os.path.join(tmp, 'merged.json')
+    self.assertEqual(fuzz.main(['--merge', a, b, '--json', merged]), 0)
+    with open(merged) as f:
+      data = json.load(f)
+    self.assertEqual(data['run'], run)
+    self.assertEqual(fuzz.Report(**data['report']), total)
 
   def test_near_tie_classification(self):
     case = dict(inputs=np.zeros((1, 4), np.int64), lengths=np.array([0]),
