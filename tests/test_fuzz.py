@@ -51,7 +51,7 @@ class FuzzSliceTest(absltest.TestCase):
   def test_bf16_speed_is_greedy_as_generate_compiles(self):
     # With the row-independent kernel, bf16 SPEED is greedy bit for bit when
     # compiled as `inference.generate` compiles. Under XLA's default
-    # precision the same cases differ in a few rows (on the CPUs we ran: 2
+    # precision the same cases differ in a few rows (on the CPU we ran: 5
     # of 320): that is what the compile options are for, and it shows this
     # check would see a difference.
     counts = {}
