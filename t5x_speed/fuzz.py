@@ -502,7 +502,7 @@ def merge_files(paths: List[str]) -> Report:
 
 def _print(report: Report):
   for line in report.ties[:20]:
-    print('near-tie:', line)
+    print('near-tie:' if report.tolerance is not None else 'rounding:', line)
   for line in report.bugs[:50]:
     print('REAL BUG:', line)
   print(report.summary())
