@@ -27,7 +27,7 @@ rows' EOS, and the model's uncached full forward pass over the reference, and
 checks each row:
 
 1. greedy with EOS is the reference cut after the row's first EOS;
-2. SPEED's tokens equal greedy's; in float32 also its scores (relative 1e-4),
+2. SPEED's tokens equal greedy's; in float32 also its scores (relative 1e-3),
    and its statistics (`num_tokens`, no example flagged invalid);
 3. at every reference token, the uncached forward's argmax is that token
    (checked apart from 1 and 2: a row can fail 3 and pass 2).
@@ -41,8 +41,9 @@ near-ties.
 Where SPEED's and greedy's programs run every decode-step matmul on the
 row-independent kernel (B * R <= `rowmatmul.MAX_ROWS` rows) and each case is
 run as `generate` runs it (bfloat16 cases, one at a time, compiled as
-generate compiles), SPEED must equal greedy bit for bit: any SPEED mismatch
-there is a *real bug*. Elsewhere (float32 cases are vmapped for speed;
+generate compiles), SPEED's tokens must equal greedy's: the fuzz has found no
+mismatch there (the attention and norms, XLA ops, can still round the last
+bits differently), so one is reported as a *real bug*, to be looked at. Elsewhere (float32 cases are vmapped for speed;
 B * R > MAX_ROWS runs SPEED's matmuls through XLA's GEMM;
 --xla-excess-precision) a float32 token mismatch is a *near-tie* when the
 reference's top-2 logit margin at the first differing position (from the
@@ -84,7 +85,12 @@ from t5x_speed import steps
 NEAR_TIE = {'float32': 1e-4, 'bfloat16': None}
 # The same for greedy against the uncached forward pass (check 3).
 FORWARD_TIE = {'float32': 1e-4, 'bfloat16': None}
-SCORE_RTOL = 1e-4          # float32 only
+# float32 only. Greedy's and SPEED's programs compute the scores' logits
+# with different XLA ops around the kernel (attention over the cache, norms;
+# more so under vmap), which round differently: on a 4x8 model of width 216
+# the vmapped scores differed by 1.6e-4 relative. A score bug (another
+# stage's logits, a flushed token counted) moves them by far more.
+SCORE_RTOL = 1e-3
 VARIANTS = (('disagree', 4.0, 0.35), ('plain', 1.0, 0.3),
             ('agree', 0.05, 0.25), ('identical', 0.0, 0.1))
 RESIDUAL_OUTPUTS = ('out', 'wo')

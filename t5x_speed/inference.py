@@ -44,7 +44,8 @@ Array = jax.Array
 # graph and SPEED's R-row graph round bf16 activations at different places
 # and can disagree at near-ties even with the row-independent kernel (the
 # fuzz measures how often). Rounding every bf16 value as the program says
-# makes bf16 SPEED bit-identical to greedy on CPU. float32 is unaffected. A
+# made bf16 SPEED's tokens greedy's in every fuzz row on the kernel. float32
+# is unaffected. A
 # jit outside this package (T5X's) gets the same with
 # XLA_FLAGS=--xla_allow_excess_precision=false.
 COMPILER_OPTIONS = {'xla_allow_excess_precision': False}

@@ -37,7 +37,7 @@ attention_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal'
 # weights first (about twice one row's time at T5-Base width). Inside a decode
 # step (`rowmatmul.decode_scope`), up to `rowmatmul.MAX_ROWS` rows go to the
 # row-independent few-row kernel: every weight is read once for all rows, and
-# each row's result is bit-identical to the one-row (greedy) computation.
+# each row's product is bit-identical to the one-row (greedy) computation.
 #
 # Without the kernel (no compiler, T5X_SPEED_KERNEL=0), the old workaround
 # stays: one GEMV per row for up to 4 rows when the weights fit in the

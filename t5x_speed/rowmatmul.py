@@ -7,7 +7,8 @@ defeats SPEED's premise that R rows cost about one weight read. The kernel in
 `csrc/rowmatmul.cc` streams each weight once for all rows (register-held
 accumulators, AVX-512 / AVX2+FMA / portable, both cores), and computes every
 row with the same arithmetic whatever the number of rows, so a token's
-logits are bit-identical in greedy (1 row) and SPEED (R rows).
+weight products are bit-identical in greedy (1 row) and SPEED (R rows) (the
+attention and norms around them are XLA's; see the README).
 
 The kernel is compiled on first use with the system C++ compiler into a cache
 keyed by the source, jaxlib version, compiler and CPU (`python -m
@@ -56,8 +57,8 @@ ENV_SWITCH = 'T5X_SPEED_KERNEL'  # '0' disables the kernel (A/B measurement)
 # width on 2 cores (see README): in bf16 the kernel beats XLA's dot at every
 # row count up to 64; in f32 XLA's GEMM is faster from about 48 rows (75 vs
 # 83 ms at 48). 64 still covers SPEED's batch*R rows of the bench (16 x 3 =
-# 48) because the kernel's row independence keeps SPEED bit-identical to
-# greedy; above it, training and prefill shapes keep XLA's dot (T5X parity).
+# 48) because the kernel's row independence keeps SPEED's products
+# bit-identical to greedy's; above it, training and prefill shapes keep XLA's dot (T5X parity).
 MAX_ROWS = 64
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc',

@@ -49,7 +49,7 @@ class FuzzSliceTest(absltest.TestCase):
     self.assertEqual(fuzz.merge_files([path]), report)
 
   def test_bf16_speed_is_greedy_as_generate_compiles(self):
-    # With the row-independent kernel, bf16 SPEED is greedy bit for bit when
+    # With the row-independent kernel, bf16 SPEED's tokens are greedy's when
     # compiled as `inference.generate` compiles. Under XLA's default
     # precision the same cases differ in a few rows (on the CPU we ran: 5
     # of 320): that is what the compile options are for, and it shows this

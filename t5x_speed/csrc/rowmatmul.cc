@@ -17,8 +17,8 @@
 // Row independence: every output element is computed by one fixed sequence
 // of operations that depends on K (and, for the nt form, on the vector
 // width) only, never on M, on the column blocking or on the thread that runs
-// it. So row i of an M-row call is bit-identical to the same row alone, which
-// makes SPEED (R rows per step) reproduce greedy (one row) bit for bit.
+// it. So row i of an M-row call is bit-identical to the same row alone: SPEED
+// (R rows per step) multiplies exactly as greedy (one row) does.
 //
 //   * x @ w: out[r, n] is the chain acc = fma(x[r, k], w[k, n], acc) for
 //     k = 0..K-1 from acc = 0, in every code path (vector lanes and scalar
