@@ -243,7 +243,8 @@ def replay_decoder(method: str, module, speculative_vocab: int = 0):
           cache=cache, tokens_to_logits=forced, topk=1, temperature=0.0,
           **kwargs)
       return decodes, None
-    fn = sampling.sample_decode if method == 'sample' else decoding.greedy_decode
+    fn = (sampling.sample_decode if method == 'sample' else
+          decoding.greedy_decode)
     decodes, _ = fn(cache=cache, tokens_to_logits=forced, **kwargs)
     return decodes, None
 

@@ -43,9 +43,9 @@ row-independent kernel (B * R <= `rowmatmul.MAX_ROWS` rows) and each case is
 run as `generate` runs it (bfloat16 cases, one at a time, compiled as
 generate compiles), SPEED's tokens must equal greedy's: the fuzz has found no
 mismatch there (the attention and norms, XLA ops, can still round the last
-bits differently), so one is reported as a *real bug*, to be looked at. Elsewhere (float32 cases are vmapped for speed;
-B * R > MAX_ROWS runs SPEED's matmuls through XLA's GEMM;
---xla-excess-precision) a float32 token mismatch is a *near-tie* when the
+bits differently), so one is reported as a *real bug*, to be looked at.
+Elsewhere (float32 cases are vmapped for speed; B * R > MAX_ROWS runs
+SPEED's matmuls through XLA's GEMM; --xla-excess-precision) a float32 token mismatch is a *near-tie* when the
 reference's top-2 logit margin at the first differing position (from the
 uncached forward) is below the tolerance (`NEAR_TIE[dtype]` times max(1,
 |top logit|)): different but valid float rounding. Check 3 has its own

@@ -45,8 +45,7 @@ Array = jax.Array
 # and can disagree at near-ties even with the row-independent kernel (the
 # fuzz measures how often). Rounding every bf16 value as the program says
 # made bf16 SPEED's tokens greedy's in every fuzz row on the kernel. float32
-# is unaffected. A
-# jit outside this package (T5X's) gets the same with
+# is unaffected. A jit outside this package (T5X's) gets the same with
 # XLA_FLAGS=--xla_allow_excess_precision=false.
 COMPILER_OPTIONS = {'xla_allow_excess_precision': False}
 DECODE_FNS = {'speed': decoding.speed_decode, 'greedy': decoding.greedy_decode,

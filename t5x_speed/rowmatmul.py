@@ -58,7 +58,8 @@ ENV_SWITCH = 'T5X_SPEED_KERNEL'  # '0' disables the kernel (A/B measurement)
 # row count up to 64; in f32 XLA's GEMM is faster from about 48 rows (75 vs
 # 83 ms at 48). 64 still covers SPEED's batch*R rows of the bench (16 x 3 =
 # 48) because the kernel's row independence keeps SPEED's products
-# bit-identical to greedy's; above it, training and prefill shapes keep XLA's dot (T5X parity).
+# bit-identical to greedy's; above it, training and prefill shapes keep XLA's
+# dot (T5X parity).
 MAX_ROWS = 64
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc',
