@@ -29,8 +29,11 @@ jitted reduction and a STREAM-like copy (read + write bytes), so the share
 can exceed 100% only where a method reads faster than both.
 
 Decode-step matmuls use the few-row kernel (`t5x_speed.rowmatmul`) when it
-is built; run with T5X_SPEED_KERNEL=0 for XLA's dot (the JSON records which). Times are
-end to end per batch (prefill included, the same for every method).
+is built; run with T5X_SPEED_KERNEL=0 for XLA's dot (the JSON records which).
+Each batch's prefill (XLA's dot, all layers over the prompt: the same work
+for every method of a model) and its decoding are timed apart, each run to
+completion; rows give both end to end and decoding alone ("decode"), and the
+bandwidth bound is taken on decoding alone, whose bytes it counts.
 
 What the replay cannot show: exactness at Base width (every method is forced
 to the recorded tokens; `replay_consistent` only checks the forcing held, and
@@ -207,22 +210,30 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
 PIPELINED = ('speed', 'speed_short', 'speed_sample')
 
 
-def replay_decoder(method: str, module, speculative_vocab: int = 0):
-  """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
-  replaying a recorded batch; returns (decodes, `SpeedStats` or None).
+def replay_prefill(module):
+  """jit fn(params, prompts, lengths) -> (inputs, cache): the prefill that
+  every replayed method starts from (BOS + prompt, prefix attention)."""
 
-  `method` is one of this module's methods (greedy, speed, speed_short,
-  t5x_sample) or a sampler of `t5x_speed.sampling` (sample, speed_sample),
-  which takes sample=dict(decode_rng=..., temperature=..., topp=...).
-  """
+  @jax.jit
+  def prefill(params, prompts, lengths):
+    return inference.prepare(steps.BoundSteps(module, params), prompts,
+                             lengths, demo_model.LENGTHS['targets'],
+                             bidirectional=True)
+
+  return prefill
+
+
+def replay_decode(method: str, module, speculative_vocab: int = 0):
+  """jit fn(params, inputs, cache, lengths, by_position, predictions,
+  sample=None) decoding a recorded batch from `replay_prefill`'s output;
+  returns (decodes, `SpeedStats` or None). See `replay_decoder`."""
   max_steps = demo_model.LENGTHS['targets']
 
   @jax.jit
-  def run(params, prompts, lengths, by_position, predictions, sample=None):
+  def decode(params, inputs, cache, lengths, by_position, predictions,
+             sample=None):
     spec = speculative_vocab if method == 'speed_short' else None
     bound = steps.BoundSteps(module, params, spec)
-    inputs, cache = inference.prepare(bound, prompts, lengths, max_steps,
-                                      bidirectional=True)
     kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
                   max_decode_steps=max_steps, **(sample or {}))
     if method in PIPELINED:
@@ -233,7 +244,7 @@ def replay_decoder(method: str, module, speculative_vocab: int = 0):
           pipeline_step_fn=_replayed_pipeline_step(bound.pipeline_step,
                                                    predictions),
           num_stages=module.config.num_repeats,
-          initial_carry=bound.initial_carry(prompts.shape[0]),
+          initial_carry=bound.initial_carry(inputs.shape[0]),
           return_stats=True, **kwargs)
       return decodes, stats
     forced = _forced_tokens_to_logits(bound.tokens_to_logits, by_position)
@@ -248,7 +259,48 @@ def replay_decoder(method: str, module, speculative_vocab: int = 0):
     decodes, _ = fn(cache=cache, tokens_to_logits=forced, **kwargs)
     return decodes, None
 
+  return decode
+
+
+def replay_decoder(method: str, module, speculative_vocab: int = 0):
+  """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
+  replaying a recorded batch, prefill included; returns (decodes,
+  `SpeedStats` or None).
+
+  `method` is one of this module's methods (greedy, speed, speed_short,
+  t5x_sample) or a sampler of `t5x_speed.sampling` (sample, speed_sample),
+  which takes sample=dict(decode_rng=..., temperature=..., topp=...).
+  """
+  prefill = replay_prefill(module)
+  decode = replay_decode(method, module, speculative_vocab)
+
+  @jax.jit
+  def run(params, prompts, lengths, by_position, predictions, sample=None):
+    inputs, cache = prefill(params, prompts, lengths)
+    return decode(params, inputs, cache, lengths, by_position, predictions,
+                  sample)
+
   return run
+
+
+class _BatchRun:
+  """One recorded batch of one method: call() -> ((decodes, stats),
+  (prefill seconds, decode seconds)), each part timed to completion."""
+
+  def __init__(self, prefill, decode, params, rec):
+    self._prefill = functools.partial(prefill, params,
+                                      *(jnp.asarray(rec[k]) for k in (
+                                          'prompts', 'lengths')))
+    self._decode = functools.partial(decode, params)
+    self._replay = tuple(jnp.asarray(rec[k]) for k in (
+        'lengths', 'by_position', 'predictions'))
+
+  def __call__(self):
+    start = time.perf_counter()
+    inputs, cache = jax.block_until_ready(self._prefill())
+    middle = time.perf_counter()
+    out = jax.block_until_ready(self._decode(inputs, cache, *self._replay))
+    return out, (middle - start, time.perf_counter() - middle)
 
 
 def _init(config):
@@ -270,6 +322,12 @@ def _layer_and_classifier_bytes(config) -> Dict[str, float]:
           'kv_per_position': size * 2 * h}  # one virtual layer's key + value
 
 
+def base_config(g: int, r: int, dtype: str) -> network.TransformerConfig:
+  """The T5-Base-width GxR model (the tests shrink it)."""
+  return network.TransformerConfig(num_unique_layers=g, num_repeats=r,
+                                   dtype=dtype)
+
+
 def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
                models) -> Dict[str, Any]:
   """Times every method on PROMPTS held-out prompts in batches of `batch`."""
@@ -281,16 +339,12 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
                                             min_numbers=low, max_numbers=high)
   recs = [record(source, prompts[i:i + batch], lengths[i:i + batch])
           for i in range(0, PROMPTS, batch)]
-  base = dict(dtype=args.dtype)
-  shared_cfg = network.TransformerConfig(num_unique_layers=g, num_repeats=r,
-                                         **base)
+  shared_cfg = base_config(g, r, args.dtype)
   configs = {'greedy': shared_cfg, 'speed': shared_cfg}
   if args.speculative_vocab:
     configs['speed_short'] = shared_cfg
-  configs['greedy_g'] = network.TransformerConfig(num_unique_layers=g,
-                                                  num_repeats=1, **base)
-  configs['greedy_12l'] = network.TransformerConfig(num_unique_layers=12,
-                                                    num_repeats=1, **base)
+  configs['greedy_g'] = base_config(g, 1, args.dtype)
+  configs['greedy_12l'] = base_config(12, 1, args.dtype)
   try:
     import t5x.decoding  # pylint: disable=g-import-not-at-top,unused-import
     configs['t5x_sample'] = shared_cfg
@@ -309,28 +363,28 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
       models[key] = _init(cfg)
     module, params = models[key]
     xla = method.endswith('_xla')
-    fn = replay_decoder(method[:-4] if xla else method, module,
-                        args.speculative_vocab)
-    runs[method] = [functools.partial(
-        fn, params, *(jnp.asarray(rec[k]) for k in (
-            'prompts', 'lengths', 'by_position', 'predictions')))
-                    for rec in recs]
+    prefill = replay_prefill(module)
+    decode = replay_decode(method[:-4] if xla else method, module,
+                           args.speculative_vocab)
+    runs[method] = [_BatchRun(prefill, decode, params, rec) for rec in recs]
     # Compile and warm up; the matmul path is fixed when tracing.
     with rowmatmul.xla_scope() if xla else contextlib.nullcontext():
-      jax.block_until_ready(runs[method][0]())
+      runs[method][0]()
+  # Seconds of (prefill, decode) over all batches, per repeat.
   times = {m: [] for m in configs}
   outputs = {}
   for _ in range(args.repeats):
     for method, batch_runs in runs.items():
-      start = time.perf_counter()
-      outputs[method] = [jax.block_until_ready(run()) for run in batch_runs]
-      times[method].append(time.perf_counter() - start)
+      results = [run() for run in batch_runs]
+      outputs[method] = [res for res, _ in results]
+      times[method].append(np.sum([t for _, t in results], axis=0))
   sizes = _layer_and_classifier_bytes(shared_cfg)
   tokens = sum(rec['tokens'] for rec in recs)
   recorded_flushes = sum(rec['summary']['flushes'] for rec in recs)
   rows = {}
   for method, results in outputs.items():
-    seconds = float(np.median(times[method]))
+    prefill_seconds, decode_seconds = np.median(times[method], axis=0)
+    seconds = float(np.median(np.sum(times[method], axis=1)))
     cfg = configs[method]
     identical = all(np.array_equal(np.asarray(res[0]), np.asarray(ref[0]))
                     for res, ref in zip(results, outputs['greedy']))
@@ -359,6 +413,11 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
         'seconds': seconds, 'tokens': tokens,
         'tokens_per_second': tokens / seconds,
         'ms_per_token_per_sequence': 1e3 * seconds * batch / tokens,
+        'prefill_seconds': float(prefill_seconds),
+        'decode_seconds': float(decode_seconds),
+        'decode_tokens_per_second': tokens / decode_seconds,
+        'decode_ms_per_token_per_sequence': (1e3 * decode_seconds * batch /
+                                             tokens),
         'replay_consistent': identical,
         'loop_steps': loop_steps, 'steps_per_token': steps_per_token,
         'rows_free_ideal_speedup': (r / steps_per_token
@@ -366,8 +425,9 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
                                     else None),
         'weight_bytes_per_token': weight_bytes_per_token,
         'bytes_per_token': bytes_per_token,
+        # The bytes are those of decoding, so the time is decoding's too.
         'bandwidth_bound_fraction': bytes_per_token / bandwidth /
-                                    (seconds / tokens),
+                                    (decode_seconds / tokens),
     }
   for method, row in rows.items():
     # Ratios within one matmul path: *_xla rows against the *_xla baselines.
@@ -375,11 +435,16 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
     greedy = rows['greedy' + suffix]
     row['vs_greedy_same_model'] = (row['tokens_per_second'] /
                                    greedy['tokens_per_second'])
+    row['decode_vs_greedy_same_model'] = (row['decode_tokens_per_second'] /
+                                          greedy['decode_tokens_per_second'])
     row['bytes_ideal_speedup'] = (greedy['bytes_per_token'] /
                                   row['bytes_per_token'])
     if 'greedy_g' + suffix in rows:
-      row['vs_unshared_g_layers'] = row['tokens_per_second'] / rows[
-          'greedy_g' + suffix]['tokens_per_second']
+      g_row = rows['greedy_g' + suffix]
+      row['vs_unshared_g_layers'] = (row['tokens_per_second'] /
+                                     g_row['tokens_per_second'])
+      row['decode_vs_unshared_g_layers'] = (
+          row['decode_tokens_per_second'] / g_row['decode_tokens_per_second'])
   flips = {}
   for key in recs[0]['summary']:
     if key.startswith('flip_rate'):
@@ -413,22 +478,27 @@ def _markdown(results: List[Dict], meta: Dict) -> str:
            f'{meta.get("kernel", "?")}; exits: replay of '
            f'demo models trained {meta.get("replay_steps", 600)} steps (see '
            'bench.py); end-to-end time per batch, '
-           f'{PROMPTS} prompts per row group. rows-free ideal = R / steps per '
+           f'{PROMPTS} prompts per row group. tokens/s and vs greedy: end to '
+           'end, prefill included; decode columns: decoding alone. '
+           'rows-free ideal = R / steps per '
            'token; bytes ideal = greedy\'s bytes per token / the method\'s '
            '(weights + KV cache); bandwidth-bound = time those bytes take at '
-           'the measured bandwidth / measured time.', '',
-           '| config | batch | length | method | tokens/s | ms/token/seq | '
-           'vs greedy | vs G-layer | steps/token | rows-free ideal | '
+           'the measured bandwidth / measured decoding time.', '',
+           '| config | batch | length | method | tokens/s | vs greedy | '
+           'decode tokens/s | decode ms/token/seq | decode vs greedy | '
+           'decode vs G-layer | steps/token | rows-free ideal | '
            'bytes ideal | bandwidth-bound | replay consistent |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for res in results:
     for method, row in res['methods'].items():
       lines.append(
           f'| {res["config"]} | {res["batch"]} | {res["length"]} | {method} | '
           f'{row["tokens_per_second"]:.1f} | '
-          f'{row["ms_per_token_per_sequence"]:.1f} | '
           f'{row["vs_greedy_same_model"]:.2f}x | '
-          f'{_ratio(row.get("vs_unshared_g_layers"))} | '
+          f'{row["decode_tokens_per_second"]:.1f} | '
+          f'{row["decode_ms_per_token_per_sequence"]:.1f} | '
+          f'{row["decode_vs_greedy_same_model"]:.2f}x | '
+          f'{_ratio(row.get("decode_vs_unshared_g_layers"))} | '
           f'{row["steps_per_token"]:.2f} | '
           f'{_ratio(row["rows_free_ideal_speedup"])} | '
           f'{row["bytes_ideal_speedup"]:.2f}x | '
@@ -487,7 +557,9 @@ def main(argv=None):
         m = res['methods']
         print(f'{text} batch {batch} {length}: ' + ', '.join(
             f'{k} {v["tokens_per_second"]:.1f} tok/s' for k, v in m.items()) +
-            f'; SPEED {m["speed"]["vs_greedy_same_model"]:.2f}x greedy, '
+            f'; SPEED {m["speed"]["vs_greedy_same_model"]:.2f}x greedy '
+            f'({m["speed"]["decode_vs_greedy_same_model"]:.2f}x decoding '
+            'alone), '
             f'{m["speed"]["steps_per_token"]:.2f} steps/token', flush=True)
   table = _markdown(results, meta)
   print('\n' + table)

@@ -24,12 +24,15 @@ def _row(tokens_per_second, speed=False, **extra):
   """A `bench_case` method row with round numbers."""
   return {
       'seconds': 1.0, 'tokens': 100, 'tokens_per_second': tokens_per_second,
-      'ms_per_token_per_sequence': 10.0, 'replay_consistent': True,
+      'ms_per_token_per_sequence': 10.0, 'prefill_seconds': 0.2,
+      'decode_seconds': 0.8, 'decode_tokens_per_second': 125.0,
+      'decode_ms_per_token_per_sequence': 8.0, 'replay_consistent': True,
       'loop_steps': 100, 'steps_per_token': 1.1 if speed else 1.0,
       'rows_free_ideal_speedup': 3 / 1.1 if speed else None,
       'weight_bytes_per_token': 1e6, 'bytes_per_token': 2e6,
       'bandwidth_bound_fraction': 0.5,
       'vs_greedy_same_model': tokens_per_second / 50.0,
+      'decode_vs_greedy_same_model': tokens_per_second / 40.0,
       'bytes_ideal_speedup': 1.0, **extra}
 
 
@@ -91,22 +94,64 @@ class MarkdownTest(absltest.TestCase):
     self.assertNotIn('nan', table.lower())
     rows = _table_rows(table)
     self.assertEqual(set(rows), {'greedy', 'speed'})
-    self.assertEqual(rows['speed']['vs G-layer'], '–')
-    self.assertEqual(rows['greedy']['vs G-layer'], '–')
+    self.assertEqual(rows['speed']['decode vs G-layer'], '–')
+    self.assertEqual(rows['greedy']['decode vs G-layer'], '–')
     self.assertEqual(rows['speed']['vs greedy'], '1.20x')
+    self.assertEqual(rows['speed']['decode vs greedy'], '1.50x')
+    self.assertEqual(rows['speed']['decode ms/token/seq'], '8.0')
     self.assertEqual(rows['speed']['rows-free ideal'], '2.73x')
     self.assertEqual(rows['greedy']['rows-free ideal'], '–')
 
   def test_full_mode_compares_with_g_layer_model(self):
-    methods = {'greedy': _row(50.0, vs_unshared_g_layers=0.5),
-               'speed': _row(60.0, speed=True, vs_unshared_g_layers=0.6),
-               'greedy_g': _row(100.0, vs_unshared_g_layers=1.0)}
+    methods = {'greedy': _row(50.0, decode_vs_unshared_g_layers=0.5),
+               'speed': _row(60.0, speed=True,
+                             decode_vs_unshared_g_layers=0.6),
+               'greedy_g': _row(100.0, decode_vs_unshared_g_layers=1.0)}
     # pylint: disable-next=protected-access
     table = bench._markdown([_result(methods)], META)
     rows = _table_rows(table)
-    self.assertEqual({m: r['vs G-layer'] for m, r in rows.items()},
+    self.assertEqual({m: r['decode vs G-layer'] for m, r in rows.items()},
                      {'greedy': '0.50x', 'speed': '0.60x',
                       'greedy_g': '1.00x'})
+
+
+class BenchRunTest(absltest.TestCase):
+
+  def test_quick_bench_on_a_tiny_model(self):
+    # The recording model and the "Base" models are tiny (random 2x3 with the
+    # demo's vocabulary; a width-32 stand-in for Base width): the bench's own
+    # path runs as a user runs it, from recording to bench.json.
+    source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
+    out = tempfile.mkdtemp()
+    tiny = lambda g, r, dtype: helpers.tiny_config(  # pylint: disable=g-long-lambda
+        num_unique_layers=g, num_repeats=r, dtype=dtype,
+        vocab_size=demo_model.VOCAB_SIZE)
+    with mock.patch.object(bench, 'demo_schedule_source',
+                           return_value=source), \
+         mock.patch.object(bench, 'base_config', tiny):
+      self.assertEqual(bench.main(['--quick', '--repeats', '2', '--out',
+                                   out]), 0)
+    with open(os.path.join(out, 'bench.json')) as f:
+      (result,) = json.load(f)['results']
+    self.assertEqual((result['config'], result['batch']), ('4x3', 1))
+    rows = result['methods']
+    self.assertEqual(set(rows), {'greedy', 'speed'})
+    for row in rows.values():
+      self.assertTrue(row['replay_consistent'])
+      self.assertEqual(row['tokens'], result['replay']['tokens'])
+      # Timed apart, prefill and decoding add up to the end-to-end time
+      # (each a median over the repeats, so up to their spread).
+      self.assertGreater(row['prefill_seconds'], 0.0)
+      self.assertGreater(row['decode_seconds'], 0.0)
+      self.assertLessEqual(row['decode_seconds'], row['seconds'])
+      self.assertAlmostEqual(row['decode_tokens_per_second'],
+                             row['tokens'] / row['decode_seconds'])
+    # The replay takes exactly the recorded loop steps.
+    self.assertAlmostEqual(rows['speed']['steps_per_token'],
+                           result['replay']['steps_per_token'])
+    self.assertEqual(rows['greedy']['steps_per_token'], 1.0)
+    with open(os.path.join(out, 'bench.md')) as f:
+      self.assertIn('| 4x3 | 1 | short | speed |', f.read())
 
 
 class SampleBenchTest(absltest.TestCase):
