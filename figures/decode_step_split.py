@@ -54,7 +54,7 @@ def weight_chain(params, rows, g):
     h = (rowmatmul.matmul(y, mlp['wi_0']['kernel']) *
          rowmatmul.matmul(y, mlp['wi_1']['kernel']))
     y = y + 1e-3 * rowmatmul.matmul(h, mlp['wo']['kernel'])
-  return rowmatmul.matmul(y, params['token_embedder']['embedding'],
+  return rowmatmul.matmul(y, decoder['token_embedder']['embedding'],
                           transpose_w=True)
 
 
