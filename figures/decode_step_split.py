@@ -1,10 +1,10 @@
 """Where a Base-width decode step's time goes: the weight matmuls alone
 against the whole step (output: decode_step_split.txt).
 
-    python figures/decode_step_split.py
+    python figures/decode_step_split.py [float32|bfloat16]
 
 For greedy's 12-layer model (one row) and SPEED's 4x3 step (3 rows), times
-(best of 30, inside one jit each, float32, batch 1, at the bench's cache
+(best of 30, inside one jit each, batch 1, at the bench's cache
 length with 40 positions filled):
   step      the model's decode step (network.SpeedTransformer.decode_step /
             speed_step): every op of one loop step;
@@ -15,6 +15,7 @@ length with 40 positions filled):
             position bias, cache writes, log-softmax and argmax, call costs.
 """
 
+import sys
 import time
 
 import jax
@@ -40,9 +41,9 @@ def best_ms(fn, *args, n=30):
   return 1e3 * min(times)
 
 
-def weight_chain(params, rows, g):
+def weight_chain(params, rows, g, dtype):
   """The step's weight products alone: G layers, then the classifier."""
-  x = jnp.ones((rows, 768), jnp.float32)
+  x = jnp.ones((rows, 768), dtype)
   decoder = params['decoder']
   y = x
   for i in range(g):
@@ -58,12 +59,12 @@ def weight_chain(params, rows, g):
                           transpose_w=True)
 
 
-def main():
+def main(dtype):
   print(f'# kernel: {rowmatmul._load() if rowmatmul.available() else "off"}; '  # pylint: disable=protected-access
-        f'JAX {jax.__version__}')
+        f'JAX {jax.__version__}; {dtype}')
   length = 1 + 24 + demo_model.LENGTHS['targets']
   for name, (g, r) in (('greedy 12x1', (12, 1)), ('SPEED 4x3', (4, 3))):
-    module, params = bench._init(bench.base_config(g, r, 'float32'))  # pylint: disable=protected-access
+    module, params = bench._init(bench.base_config(g, r, dtype))  # pylint: disable=protected-access
     bound = steps.BoundSteps(module, params)
     prompts = jnp.full((1, FILLED - 1), 5, jnp.int32)
     lengths = jnp.asarray([FILLED - 1], jnp.int32)
@@ -81,7 +82,7 @@ def main():
       step = jax.jit(lambda p, c: steps.BoundSteps(module, p).pipeline_step(  # pylint: disable=g-long-lambda
           tokens, carry, stage_positions, c)[0])
     with rowmatmul.decode_scope():
-      chain = jax.jit(lambda p: weight_chain(p, r, g))
+      chain = jax.jit(lambda p: weight_chain(p, r, g, dtype))
     step_ms = best_ms(step, params, cache)
     chain_ms = best_ms(chain, params)
     print(f'{name}: step {step_ms:.2f} ms, matmuls {chain_ms:.2f} ms, '
@@ -90,4 +91,4 @@ def main():
 
 if __name__ == '__main__':
   np.set_printoptions(precision=3)
-  main()
+  main(sys.argv[1] if len(sys.argv) > 1 else 'float32')

@@ -104,12 +104,30 @@ class TokenRule(Protocol):
     ...
 
 
+def argmax(logits: Array) -> Array:
+  """jnp.argmax(logits, -1) as int32: the first maximum, or the first NaN.
+
+  XLA:CPU runs jnp.argmax's (value, index) reduction one element at a time,
+  0.3 ms for SPEED's 3 x 32128 logits per step; two plain reductions and a
+  masked minimum vectorise (5-6x faster) and pick the same index.
+
+  Example:
+    >>> int(argmax(jnp.array([1.0, 3.0, 2.0, 3.0])))
+    1
+  """
+  nan = jnp.isnan(logits)
+  top = jnp.max(logits, -1, keepdims=True)
+  hit = jnp.where(jnp.any(nan, -1, keepdims=True), nan, logits == top)
+  ids = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  return jnp.min(jnp.where(hit, ids, logits.shape[-1]), -1)
+
+
 class _Argmax:
   """Greedy: the most likely token, scored by its log-probability."""
 
   def tokens(self, logits: Array, positions: Array) -> Array:
     del positions
-    return jnp.argmax(logits, -1).astype(jnp.int32)
+    return argmax(logits)
 
   def log_prob(self, logits: Array, tokens: Array) -> Array:
     return _token_log_prob(logits, tokens)

@@ -46,6 +46,12 @@ _MATVEC_MAX_ROWS = 4
 _MATVEC_MAX_KERNEL_ELEMENTS = 4 * 1024 * 1024  # 16 MiB of float32
 
 
+# Gathers and scatters only move values, so 16-bit floats can move as
+# uint16: XLA:CPU would do them in float32, converting the whole operand.
+_MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.uint16,
+              jnp.dtype(jnp.float16): jnp.uint16}
+
+
 def _use_kernel(rows: int) -> bool:
   return rowmatmul.in_decode_scope() and rowmatmul.use_kernel(rows)
 
@@ -161,7 +167,14 @@ class Embed(nn.Module):
 
   def __call__(self, tokens: Array) -> Array:
     """Gathers rows: [...] int -> [..., features] in `dtype`."""
-    return jnp.asarray(self.embedding, self.dtype)[tokens]
+    table = jnp.asarray(self.embedding, self.dtype)
+    bits = _MOVE_BITS.get(jnp.dtype(table.dtype))
+    if bits is None:
+      return table[tokens]
+    # XLA:CPU gathers bf16 from a float32 copy of the whole table, made once
+    # per call (for a decode loop, 99 MB at T5-Base size). Gather the bits.
+    rows = lax.bitcast_convert_type(table, bits)[tokens]
+    return lax.bitcast_convert_type(rows, table.dtype)
 
   def attend(self, query: Array, vocab_limit: Optional[int] = None) -> Array:
     """Scores `query` [..., features] against the rows, in float32.
@@ -283,13 +296,20 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
   Returns:
     The cache with exactly the valid rows' entries replaced.
   """
+  update = update.astype(cache.dtype)
+  bits = _MOVE_BITS.get(jnp.dtype(cache.dtype))
+  if bits is not None:
+    # XLA:CPU scatters bf16 through float32: it converts the whole cache to
+    # f32 and back on every write. A write copies bits, so scatter them.
+    written = write_cache(lax.bitcast_convert_type(cache, bits), stages,
+                          positions, lax.bitcast_convert_type(update, bits))
+    return lax.bitcast_convert_type(written, cache.dtype)
   length = cache.shape[3]
   positions = jnp.where(positions >= 0, positions, length)  # -1 -> dropped
   stage_idx = jnp.asarray(stages, jnp.int32)[None, :]        # [1, slots]
   batch_idx = jnp.arange(cache.shape[1])[:, None]            # [batch, 1]
   # Indices [batch, slots] around the head slice: updates [b, s, heads, d].
-  return cache.at[stage_idx, batch_idx, :, positions].set(
-      update.astype(cache.dtype), mode='drop')
+  return cache.at[stage_idx, batch_idx, :, positions].set(update, mode='drop')
 
 
 def read_cache(cache: Array, stages: Sequence[int]) -> Array:

@@ -121,9 +121,9 @@ class PositionKeyedSampler:
 
   def tokens(self, logits: Array, positions: Array) -> Array:
     """Sampled tokens [rows, S] from logits [rows, S, vocab]."""
-    sampled = jnp.argmax(self.filtered(logits) +
-                         self.noise(positions, logits.shape[-1]), -1)
-    greedy = jnp.argmax(logits, -1)
+    sampled = decoding.argmax(self.filtered(logits) +
+                              self.noise(positions, logits.shape[-1]))
+    greedy = decoding.argmax(logits)
     hot = self.temperature > MIN_TEMPERATURE
     return jnp.where(hot[:, None], sampled, greedy).astype(jnp.int32)
 

@@ -105,6 +105,38 @@ class GenerateDocstringTest(absltest.TestCase):
     self.assertEqual(result.failed, 0)
 
 
+class ArgmaxTest(parameterized.TestCase):
+
+  def test_docstring_example(self):
+    runner = doctest.DocTestRunner()
+    for test in doctest.DocTestFinder().find(decoding.argmax, 'argmax',
+                                             globs={'jnp': jnp,
+                                                    'argmax': decoding.argmax}):
+      runner.run(test)
+    self.assertGreater(runner.tries, 0)
+    self.assertEqual(runner.failures, 0)
+
+  @parameterized.parameters('float32', 'bfloat16')
+  def test_picks_what_jnp_argmax_picks(self, dtype):
+    # Few distinct values, so ties are everywhere; NaN, +inf and all -inf
+    # rows, as NaN-producing bugs and masked exits give.
+    fast = jax.jit(decoding.argmax)
+    reference = jax.jit(lambda x: jnp.argmax(x, -1))
+    for trial in range(60):
+      rng = np.random.RandomState(trial)
+      shape = [(1, 3, 4099), (5, 1000), (2, 2, 37)][trial % 3]
+      x = rng.randint(-3, 3, size=shape).astype(np.float32)
+      rows = x.reshape(-1, shape[-1])
+      for row in rows[rng.rand(len(rows)) < 0.3]:
+        row[rng.randint(shape[-1], size=2)] = np.nan
+      rows[rng.rand(len(rows)) < 0.2] = -np.inf
+      rows[rng.rand(len(rows)) < 0.2, rng.randint(shape[-1])] = np.inf
+      x = jnp.asarray(rows.reshape(shape), dtype)
+      got = fast(x)
+      self.assertEqual(got.dtype, jnp.int32)
+      np.testing.assert_array_equal(got, reference(x), err_msg=str(trial))
+
+
 class ControlLogicTest(absltest.TestCase):
 
   def test_oldest_mismatch_wins(self):

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import config as config_lib
+from t5x_speed import layers
 from t5x_speed import network
 from helpers import tiny_config, tiny_model
 
@@ -270,6 +271,61 @@ class CachedCallsTest(parameterized.TestCase):
     np.testing.assert_array_equal(cache.keys[0][:, 0, :, 5:], 0)
     np.testing.assert_array_equal(cache.keys[0][:, 1, :, 3:], 0)
     self.assertGreater(float(jnp.abs(cache.keys[0][:, 1, :, :3]).min()), 0)
+
+
+class CacheAndEmbeddingTest(parameterized.TestCase):
+  """The cache write and the embedding gather, which move bf16 as bits."""
+
+  @parameterized.parameters('float32', 'bfloat16')
+  def test_write_cache_replaces_exactly_the_valid_rows(self, dtype):
+    rng = np.random.RandomState(0)
+    stages, batch, heads, length, dim = 3, 2, 2, 5, 4
+    cache = rng.randn(stages, batch, heads, length, dim).astype(np.float32)
+    update = rng.randn(batch, 2, heads, dim).astype(np.float32)
+    # Slots 0 and 2 (stages 0 and 2); -1 and 5 (beyond the cache) write
+    # nothing.
+    positions = np.array([[1, -1], [4, 5]], np.int32)
+    got = jax.jit(layers.write_cache, static_argnums=1)(
+        jnp.asarray(cache, dtype), (0, 2), positions,
+        jnp.asarray(update, dtype))
+    want = np.asarray(jnp.asarray(cache, dtype)).copy()
+    rounded = np.asarray(jnp.asarray(update, dtype))
+    want[0, 0, :, 1] = rounded[0, 0]
+    want[0, 1, :, 4] = rounded[1, 0]
+    self.assertEqual(got.dtype, jnp.dtype(dtype))
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+  @parameterized.parameters('float32', 'bfloat16')
+  def test_embedding_gathers_the_rows(self, dtype):
+    embed = layers.Embed(num_embeddings=11, features=6, dtype=dtype)
+    params = embed.init(jax.random.PRNGKey(0), jnp.zeros((1,), jnp.int32))
+    tokens = jnp.asarray([[3, 0, 10], [7, 7, 1]])
+    got = jax.jit(embed.apply)(params, tokens)
+    table = jnp.asarray(params['params']['embedding'], dtype)
+    self.assertEqual(got.dtype, jnp.dtype(dtype))
+    np.testing.assert_array_equal(np.asarray(got),
+                                  np.asarray(table)[np.asarray(tokens)])
+
+  def test_bf16_decode_loop_converts_no_table_or_cache(self):
+    # XLA:CPU would gather and scatter bf16 through float32: a float32 copy
+    # of the whole table per decode call and of every cache per step.
+    embed = layers.Embed(num_embeddings=4099, features=40, dtype='bfloat16')
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), embed.init(
+        jax.random.PRNGKey(0), jnp.zeros((1,), jnp.int32)))
+    cache = jnp.zeros((3, 1, 2, 9, 20), jnp.bfloat16)
+
+    def loop(params, cache):
+      def body(i, carry):
+        cache, total = carry
+        x = embed.apply(params, jnp.full((1, 2), i))          # [1, 2, 40]
+        cache = layers.write_cache(cache, (0, 1), jnp.stack([i, i - 1])[None],
+                                   x.reshape(1, 2, 2, 20))
+        return cache, total + x.astype(jnp.float32).sum()
+      return jax.lax.fori_loop(0, 5, body, (cache, 0.0))
+
+    hlo = jax.jit(loop).lower(params, cache).compile().as_text()
+    for shape in ('f32[4099,40]', 'f32[3,1,2,9,20]'):
+      self.assertNotIn(shape, hlo)
 
 
 if __name__ == '__main__':
