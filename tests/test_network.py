@@ -306,6 +306,29 @@ class CacheAndEmbeddingTest(parameterized.TestCase):
     np.testing.assert_array_equal(np.asarray(got),
                                   np.asarray(table)[np.asarray(tokens)])
 
+  @parameterized.parameters(1, 3)
+  def test_decode_loop_does_not_copy_the_cache(self, stages):
+    # One write per step (batch 1, one stage) must not become a
+    # dynamic-update-slice that XLA:CPU copies the cache around.
+    cache = jnp.zeros((stages, 1, 2, 9, 20))
+    query = jnp.ones((1, stages, 2, 20))
+
+    def loop(cache):
+      def body(i, carry):
+        cache, total = carry
+        positions = jnp.full((1, stages), i)
+        cache = layers.write_cache(cache, tuple(range(stages)), positions,
+                                   query)
+        context = layers.cached_attention(query, cache, cache,
+                                          jnp.zeros((1, stages, 2, 9)))
+        return cache, total + context.sum()
+      return jax.lax.fori_loop(0, 5, body, (cache, 0.0))
+
+    hlo = jax.jit(loop).lower(cache).compile().as_text()
+    copies = [l for l in hlo.splitlines()
+              if f'= f32[{stages},1,2,9,20]' in l and ' copy(' in l]
+    self.assertLessEqual(len(copies), 1, copies)  # the loop's input, once
+
   def test_bf16_decode_loop_converts_no_table_or_cache(self):
     # XLA:CPU would gather and scatter bf16 through float32: a float32 copy
     # of the whole table per decode call and of every cache per step.
