@@ -25,8 +25,9 @@ tokens. Methods (all in --dtype, same prompts, interleaved, medians):
 Bytes read per token (weights, plus each virtual layer's KV cache over the
 cache length) divided by a measured memory bandwidth show how close each
 method is to the memory-bandwidth limit; the bandwidth is the faster of a
-jitted reduction and a STREAM-like copy (read + write bytes), so the share
-can exceed 100% only where a method reads faster than both.
+jitted reduction and a STREAM-like copy (read + write bytes), probed before
+every timed round (a shared host's bandwidth drifts) and taken as the median,
+so the share can exceed 100% only where a method reads faster than both.
 
 Decode-step matmuls use the few-row kernel (`t5x_speed.rowmatmul`) when it
 is built; run with T5X_SPEED_KERNEL=0 for XLA's dot (the JSON records which).
@@ -328,7 +329,7 @@ def base_config(g: int, r: int, dtype: str) -> network.TransformerConfig:
                                    dtype=dtype)
 
 
-def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
+def bench_case(g: int, r: int, batch: int, length: str, args,
                models) -> Dict[str, Any]:
   """Times every method on PROMPTS held-out prompts in batches of `batch`."""
   if PROMPTS % batch:
@@ -373,11 +374,16 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
   # Seconds of (prefill, decode) over all batches, per repeat.
   times = {m: [] for m in configs}
   outputs = {}
+  probes = []
   for _ in range(args.repeats):
+    # A shared host's bandwidth drifts: probe it in every round, next to the
+    # methods. The faster probe counts, so the share is not flattered.
+    probes.append(max(memory_bandwidth(), copy_bandwidth()))
     for method, batch_runs in runs.items():
       results = [run() for run in batch_runs]
       outputs[method] = [res for res, _ in results]
       times[method].append(np.sum([t for _, t in results], axis=0))
+  bandwidth = float(np.median(probes))
   sizes = _layer_and_classifier_bytes(shared_cfg)
   tokens = sum(rec['tokens'] for rec in recs)
   recorded_flushes = sum(rec['summary']['flushes'] for rec in recs)
@@ -451,6 +457,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, bandwidth,
       flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
   return {'config': f'{g}x{r}', 'batch': batch, 'length': length,
           'dtype': args.dtype,
+          'bandwidth_probes_gb_s': [p / 1e9 for p in probes],
           'replay': {'source': 'replayed exits of a demo model with '
                                f'{max(6 // r, 1)}x{r} layers trained '
                                f'{args.replay_steps} steps',
@@ -483,7 +490,8 @@ def _markdown(results: List[Dict], meta: Dict) -> str:
            'rows-free ideal = R / steps per '
            'token; bytes ideal = greedy\'s bytes per token / the method\'s '
            '(weights + KV cache); bandwidth-bound = time those bytes take at '
-           'the measured bandwidth / measured decoding time.', '',
+           'the bandwidth probed in every timed round (median, listed below) '
+           '/ measured decoding time.', '',
            '| config | batch | length | method | tokens/s | vs greedy | '
            'decode tokens/s | decode ms/token/seq | decode vs greedy | '
            'decode vs G-layer | steps/token | rows-free ideal | '
@@ -512,8 +520,16 @@ def _markdown(results: List[Dict], meta: Dict) -> str:
                       for k, v in res['replay']['flip_rate'].items())
     lines.append(f'- {res["config"]} batch {res["batch"]} {res["length"]}: '
                  f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
-                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}')
+                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}' +
+                 _probes(res.get('bandwidth_probes_gb_s')))
   return '\n'.join(lines)
+
+
+def _probes(gb_s: Optional[List[float]]) -> str:
+  if not gb_s:  # figures from before the bench probed in every round
+    return ''
+  return (f'; bandwidth probes {np.median(gb_s):.1f} GB/s median '
+          f'({min(gb_s):.1f}-{max(gb_s):.1f})')
 
 
 def _cpu_model() -> str:
@@ -550,9 +566,7 @@ def main(argv=None):
     g, r = demo_model.parse_gxr(text)
     for batch in (int(b) for b in args.batch_sizes.split(',')):
       for length in args.lengths.split(','):
-        # The bound uses the faster probe, so the share is not flattered.
-        res = bench_case(g, r, batch, length, args, max(bandwidth, copy),
-                         models)
+        res = bench_case(g, r, batch, length, args, models)
         results.append(res)
         m = res['methods']
         print(f'{text} batch {batch} {length}: ' + ', '.join(

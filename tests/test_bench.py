@@ -136,6 +136,8 @@ class BenchRunTest(absltest.TestCase):
     self.assertEqual((result['config'], result['batch']), ('4x3', 1))
     rows = result['methods']
     self.assertEqual(set(rows), {'greedy', 'speed'})
+    self.assertLen(result['bandwidth_probes_gb_s'], 2)  # one per round
+    self.assertGreater(min(result['bandwidth_probes_gb_s']), 0.1)
     for row in rows.values():
       self.assertTrue(row['replay_consistent'])
       self.assertEqual(row['tokens'], result['replay']['tokens'])
@@ -151,7 +153,9 @@ class BenchRunTest(absltest.TestCase):
                            result['replay']['steps_per_token'])
     self.assertEqual(rows['greedy']['steps_per_token'], 1.0)
     with open(os.path.join(out, 'bench.md')) as f:
-      self.assertIn('| 4x3 | 1 | short | speed |', f.read())
+      table = f.read()
+    self.assertIn('| 4x3 | 1 | short | speed |', table)
+    self.assertIn('GB/s median', table)
 
 
 class SampleBenchTest(absltest.TestCase):
