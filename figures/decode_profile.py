@@ -1,7 +1,7 @@
 """Where a Base-width decode loop's time goes, op by op (output:
 decode_profile_avx512.txt).
 
-    python figures/decode_profile.py [float32|bfloat16] [greedy_12l|greedy|speed]
+    python figures/decode_profile.py [float32|bfloat16] [speed|greedy|greedy_g|greedy_12l]
 
 Runs the bench's replay (`bench.replay_decode`, batch 1, the first short
 test prompt, exits of the 600-step 2x3 demo model in demo_out/) once under
@@ -32,7 +32,7 @@ ENCLOSING = ('ThunkExecutor', '$', 'PjitFunction', 'Common', 'ParseArg',
 
 
 def main(dtype: str, method: str):
-  g, r = (12, 1) if method == 'greedy_12l' else (4, 3)
+  g, r = {'greedy_12l': (12, 1), 'greedy_g': (4, 1)}.get(method, (4, 3))
   source = bench.demo_schedule_source(3, 'demo_out', 600)
   prompts, lengths, _ = demo_model.held_out(16, split='test', min_numbers=1,
                                             max_numbers=1)
