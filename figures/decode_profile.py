@@ -1,5 +1,5 @@
-"""Where a Base-width decode loop's time goes, op by op (output:
-decode_profile_avx512.txt).
+"""Where a Base-width decode loop's time goes, op by op (output on host B:
+figures/avx512/decode_profile.txt).
 
     python figures/decode_profile.py [float32|bfloat16] [speed|greedy|greedy_g|greedy_12l]
 
