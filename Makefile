@@ -13,8 +13,8 @@ STAMP := $(VENV)/.installed
 T5X_WHEELS ?=
 T5X_STAMP := $(VENV)/.t5x-installed
 # What T5X needs besides this package's pins and does not pull in itself.
-T5X_REQUIREMENTS := fiddle==0.3.1 chex jaxtyping cached_property tensorstore \
-	grain==0.2.12 pyglove editdistance
+T5X_REQUIREMENTS := fiddle chex jaxtyping cached_property tensorstore grain \
+	pyglove editdistance
 
 .PHONY: install install-t5x kernel test demo bench sample-bench fuzz clean
 
@@ -22,10 +22,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+# constraints.txt holds the exact versions tested; setup.cfg the ranges.
+PIP_INSTALL := $(BIN)/python -m pip install -q -c constraints.txt
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e '.[test]'
 	# tensorflow-text names `tensorflow`; tensorflow-cpu provides it.
-	$(BIN)/python -m pip install -q --no-deps tensorflow-text==2.21.1 seqio==0.0.20
+	$(PIP_INSTALL) --no-deps tensorflow-text seqio
 	touch $(STAMP)
 
 # The few-row matmul kernel (t5x_speed/csrc/rowmatmul.cc), built with the
@@ -39,7 +42,7 @@ install: $(STAMP)
 $(T5X_STAMP): $(STAMP) $(wildcard $(T5X_WHEELS)/*.whl)
 	@test -n "$(T5X_WHEELS)" || { echo "T5X_WHEELS is not set: make install-t5x T5X_WHEELS=dir"; exit 2; }
 	@ls $(T5X_WHEELS)/t5x-*.whl >/dev/null 2>&1 || { echo "No t5x wheel in T5X_WHEELS=$(T5X_WHEELS)"; exit 2; }
-	$(BIN)/python -m pip install -q $(T5X_REQUIREMENTS)
+	$(PIP_INSTALL) $(T5X_REQUIREMENTS)
 	# --no-deps: the wheels' metadata would replace this package's pins.
 	$(BIN)/python -m pip install -q --no-deps $(T5X_WHEELS)/*.whl
 	$(BIN)/python -c "import t5x.train, t5x.examples.decoder_only.network"
@@ -62,19 +65,19 @@ test: install kernel $(if $(T5X_WHEELS),install-t5x)
 	  $(PYTEST_ARGS)
 
 demo: install kernel
-	$(BIN)/python -m t5x_speed.demo $(DEMO_ARGS)
+	$(BIN)/python -m tools.demo $(DEMO_ARGS)
 
 bench: install kernel
-	$(BIN)/python -m t5x_speed.bench $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
 # SPEED sampling against sequential sampling (README), e.g.
 # SAMPLE_BENCH_ARGS="--prompts 8".
 sample-bench: install kernel
-	$(BIN)/python -m t5x_speed.sample_bench $(SAMPLE_BENCH_ARGS)
+	$(BIN)/python -m tools.sample_bench $(SAMPLE_BENCH_ARGS)
 
 # The exactness fuzz (README): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
 fuzz: install kernel
-	$(BIN)/python -m t5x_speed.fuzz $(FUZZ_ARGS)
+	$(BIN)/python -m tools.fuzz $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info t5x_speed/_build

@@ -258,9 +258,9 @@ def check_greedy_params(fn_name: str, temperature: Any = 0.0, topk: Any = 1,
     raise ValueError(
         f'{fn_name} decodes greedily, token for token, but temperature='
         f'{temperature}, topk={topk}, topp={topp} would sample. Sample with '
-        '`sampling.speed_sample_decode` (gin/decoding/speed_sample.gin; '
+        '`sampling.speed_sample_decode` (t5x_speed/gin/decoding/speed_sample.gin; '
         'exact SPEED sampling) or `sampling.sample_decode`, or with T5X\'s '
-        'temperature_sample (gin/decoding/sample.gin); or leave temperature '
+        'temperature_sample (t5x_speed/gin/decoding/sample.gin); or leave temperature '
         'at 0 or topk at 1.')
   return apply_hard_limit(max_decode_steps, max_decode_steps_hard_limit)
 

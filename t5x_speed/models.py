@@ -241,7 +241,7 @@ def write_inferences_with_speed_statistics(
     summary_dir: Optional[str] = None, **kwargs) -> None:
   """T5X's `write_inferences_to_file`, plus SPEED's statistics as metrics.
 
-  A `t5x.infer` write_fn (gin/runs/infer.gin binds it): after writing the
+  A `t5x.infer` write_fn (t5x_speed/gin/runs/infer.gin binds it): after writing the
   predictions of a chunk as T5X does, sums the per-example
   aux['speed/...'] counters of 'predict_with_aux' mode over the chunk
   (`decoding.SpeedStats.summary`: steps per token, flushes, flip rate per

@@ -9,7 +9,12 @@ import atexit
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+
+# The tools (tools/: bench, demo, fuzz) are not installed with the package;
+# their tests import them from the checkout.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Must precede the first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +

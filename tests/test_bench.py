@@ -11,9 +11,9 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from t5x_speed import bench
-from t5x_speed import demo_model
-from t5x_speed import sample_bench
+from tools import bench
+from tools import demo_model
+from tools import sample_bench
 import helpers
 
 META = {'machine': 'test machine, 2 cores', 'jax': '0.0', 'backend': 'cpu',
@@ -71,7 +71,7 @@ class FlagsTest(absltest.TestCase):
 
   def test_help_command(self):
     result = subprocess.run(
-        [sys.executable, '-m', 't5x_speed.bench', '--help'],
+        [sys.executable, '-m', 'tools.bench', '--help'],
         capture_output=True, text=True, check=False,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
     self.assertEqual(result.returncode, 0, result.stderr)

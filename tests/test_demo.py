@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
-from t5x_speed import bench
-from t5x_speed import demo
-from t5x_speed import demo_model
+from tools import bench
+from tools import demo
+from tools import demo_model
 from t5x_speed import inference
 from t5x_speed import network
 import t5x_speed.tasks  # pylint: disable=unused-import

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import decoding
-from t5x_speed import fuzz
+from tools import fuzz
 
 TINY = fuzz.Group(g=1, r=3, sharing='cycle', vocab=17, width=32, heads=2,
                   mlp=32, batch=3, length=8, dtype='float32')

@@ -25,7 +25,7 @@ import helpers
 import t5x_helpers as th
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-GIN = REPO / 'gin'
+GIN = REPO / 't5x_speed' / 'gin'
 MODEL_FILES = sorted((GIN / 'models').glob('*.gin'))
 RUN_FILES = sorted((GIN / 'runs').glob('*.gin'))
 DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))

@@ -3,10 +3,10 @@
 Trains T5X's tiny decoder-only model (t5x/examples/decoder_only/models/
 base.gin at tiny size) with the stock `t5x.train`, then:
 
-* `t5x.infer` restores it through gin/models/t5x_base_12l.gin and decodes
+* `t5x.infer` restores it through t5x_speed/gin/models/t5x_base_12l.gin and decodes
   greedily: the predictions are T5X's model's own (its sampler at
   temperature 0), and our model scores like T5X's;
-* gin/runs/warm_start_from_t5x.gin starts a 2x3 shared model from its first
+* t5x_speed/gin/runs/warm_start_from_t5x.gin starts a 2x3 shared model from its first
   two layers.
 
 Skipped when T5X is absent (it is not on PyPI).
@@ -135,7 +135,7 @@ class StockT5XCheckpointTest(absltest.TestCase):
                          'decoding.temperature_sample.topk = 1',
                          'utils.DatasetConfig.batch_size = 4']),
         lambda: _run('infer', self.root, [
-            REPO / 'gin/models/t5x_base_12l.gin', REPO / 'gin/runs/infer.gin'],
+            REPO / 't5x_speed/gin/models/t5x_base_12l.gin', REPO / 't5x_speed/gin/runs/infer.gin'],
                      _our_bindings(self.root) + [
                          f"CHECKPOINT_PATH = '{self.checkpoint}'",
                          f"INFER_OUTPUT_DIR = '{ours_dir}'",
@@ -158,8 +158,8 @@ class StockT5XCheckpointTest(absltest.TestCase):
   def test_warm_start_of_a_shared_model_from_the_first_layers(self):
     model_dir = os.path.join(self.root, 'warm_start')
     # A zero learning rate keeps the restored parameters as they are.
-    _run('train', self.root, [REPO / 'gin/models/speed_base_4x3.gin',
-                              REPO / 'gin/runs/warm_start_from_t5x.gin'],
+    _run('train', self.root, [REPO / 't5x_speed/gin/models/speed_base_4x3.gin',
+                              REPO / 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
          _our_bindings(self.root, unique_layers=2, repeats=3) + [
              f"MODEL_DIR = '{model_dir}'", 'BATCH_SIZE = 8',
              f"INITIAL_CHECKPOINT_PATH = '{self.checkpoint}'",

@@ -1,6 +1,6 @@
 """The performance record: SPEED against greedy at T5-Base width, side by side.
 
-    python -m t5x_speed.bench [--configs 4x3,2x6] [--batch_sizes 1,4,16]
+    python -m tools.bench [--configs 4x3,2x6] [--batch_sizes 1,4,16]
                               [--lengths short,long] [--out bench_out]
 
 Base-width training is out of reach on a CPU, so the shared models' exits are
@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import decoding
-from t5x_speed import demo_model
+from tools import demo_model
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import rowmatmul
@@ -78,7 +78,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter,
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog='python -m t5x_speed.bench',
+  p = argparse.ArgumentParser(prog='python -m tools.bench',
                               description=__doc__,
                               formatter_class=_HelpFormatter)
   p.add_argument('--configs', default='4x3,2x6',

@@ -1,6 +1,6 @@
 """The demo model: a small shared decoder trained on `speed_demo_numbers`.
 
-Shared by `t5x_speed.demo` (the main job) and `t5x_speed.bench`: builds the
+Shared by `tools.demo` (the main job) and `tools.bench`: builds the
 model, trains it with the weighted early-exit loss (optax, no T5X), saves and
 reloads its parameters, and reads held-out prompts, all through seqio.
 """

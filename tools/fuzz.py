@@ -1,9 +1,9 @@
 r"""Exactness fuzz: SPEED == greedy == an uncached forward pass, on random models.
 
-  python -m t5x_speed.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
+  python -m tools.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
   # A long run in shards (machines or sessions), then their total:
-  python -m t5x_speed.fuzz --cases 10000 --shard 0/4 --json s0.json ...
-  python -m t5x_speed.fuzz --merge s0.json s1.json s2.json s3.json
+  python -m tools.fuzz --cases 10000 --shard 0/4 --json s0.json ...
+  python -m tools.fuzz --merge s0.json s1.json s2.json s3.json
 
 Cases come in groups that share one architecture and one set of shapes, so
 that each group compiles its functions once (compilation, not decoding,
@@ -516,7 +516,7 @@ def _print(report: Report):
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
-      prog='python -m t5x_speed.fuzz',
+      prog='python -m tools.fuzz',
       description='Fuzz SPEED == greedy == uncached forward on random models.',
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument('--cases', type=int, default=300,

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import bench
-from t5x_speed import demo_model
+from tools import bench
+from tools import demo_model
 
 # Events that enclose others (the whole executable, Python frames).
 ENCLOSING = ('ThunkExecutor', '$', 'PjitFunction', 'Common', 'ParseArg',

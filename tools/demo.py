@@ -1,6 +1,6 @@
 """The main job: SPEED on a freshly trained shared model, end to end.
 
-    python -m t5x_speed.demo [--config 2x3] [--steps 600] [--out demo_out]
+    python -m tools.demo [--config 2x3] [--steps 600] [--out demo_out]
 
 1. builds the generated `speed_demo_numbers` seqio task (numbers to words);
 2. trains a small GxR cyclic-shared model with the weighted early-exit loss
@@ -9,7 +9,7 @@
    and greedy on the G-layer model of the same width (its first repetition);
 4. replays that SPEED schedule on a wide GxR model (--replay_width, default
    768, T5-Base's; random weights, each exit's argmax forced to the trained
-   model's, as `t5x_speed.bench` does) and decodes it with greedy and SPEED:
+   model's, as `tools.bench` does) and decodes it with greedy and SPEED:
    at that width decoding is dominated by weight reads, which is what SPEED
    saves, while the width-64 model is dominated by per-op overheads;
 5. prints tokens/s, SPEED's speedup, whether outputs are identical, task
@@ -34,7 +34,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import demo_model
+from tools import demo_model
 from t5x_speed import inference
 from t5x_speed import network
 
@@ -43,7 +43,7 @@ METHODS = ('greedy', 'speed', 'greedy_g_layers')
 
 def _flags(argv):
   parser = argparse.ArgumentParser(
-      prog='python -m t5x_speed.demo', description=__doc__,
+      prog='python -m tools.demo', description=__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--config', default='2x3',
                       help='GxR: G unique layers repeated R times (default '
@@ -88,7 +88,7 @@ def replay_wide(settings: demo_model.DemoSettings, params, width: int,
                 num_prompts: int, repeats: int) -> Dict:
   """Greedy and SPEED on a width-`width` GxR model replaying `params`' SPEED
   schedule (batch 1): the same loop steps, flushes and tokens."""
-  from t5x_speed import bench  # pylint: disable=g-import-not-at-top
+  from tools import bench  # pylint: disable=g-import-not-at-top
   source = (network.SpeedTransformer(settings.config()), params)
   prompts, lengths, _ = demo_model.held_out(num_prompts)
   recs = [bench.record(source, prompts[i:i + 1], lengths[i:i + 1])

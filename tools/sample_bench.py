@@ -1,6 +1,6 @@
 """SPEED sampling against sequential sampling, next to greedy, side by side.
 
-    python -m t5x_speed.sample_bench [--config 4x3] [--prompts 8]
+    python -m tools.sample_bench [--config 4x3] [--prompts 8]
                                      [--width 768] [--out bench_out]
 
 For each setting (greedy; temperature 0.5, 0.7 and 1.0; temperature 1.0
@@ -35,9 +35,9 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import bench
+from tools import bench
 from t5x_speed import decoding
-from t5x_speed import demo_model
+from tools import demo_model
 from t5x_speed import inference
 from t5x_speed import rowmatmul
 
@@ -49,7 +49,7 @@ SETTINGS = (('greedy', None), ('T=0.5', dict(temperature=0.5, topp=0.0)),
 
 def _flags(argv):
   p = argparse.ArgumentParser(
-      prog='python -m t5x_speed.sample_bench', description=__doc__,
+      prog='python -m tools.sample_bench', description=__doc__,
       formatter_class=bench._HelpFormatter)  # pylint: disable=protected-access
   p.add_argument('--config', default='4x3',
                  help='GxR of the replayed wide model; the demo model has R '
