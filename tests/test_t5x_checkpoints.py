@@ -43,7 +43,7 @@ LAYERS = 3
 
 
 def _run(binary: str, root: str, gin_files, bindings):
-  th.run_t5x(binary, root, gin_files, bindings, search_paths=(REPO, T5X_GIN))
+  th.run_t5x(binary, root, gin_files, bindings, search_paths=(T5X_GIN,))
 
 
 def _task():

@@ -1,0 +1,1 @@
+"""Gin configs, importable so that gin resolves `t5x_speed/gin/...` from any working directory."""
