@@ -10,6 +10,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 
+from t5x_speed import backend
+
 
 class SharingOrder(str, enum.Enum):
   """How the R*G virtual layers map onto the G unique layers.
@@ -56,6 +58,14 @@ class TransformerConfig:
     sharing: a `SharingOrder` (or its string value).
     relpos_num_buckets: T5 relative-position buckets.
     relpos_max_distance: distance beyond which all positions share a bucket.
+    decode_matmul: how a decode step's weight matmuls run (Dense layers and
+      the tied classifier): 'auto' = the few-row kernel where it is built on
+      a CPU backend, else XLA's dot; 'kernel' = the kernel, falling back to
+      XLA's dot with one logged message where it cannot run; 'xla' = XLA's
+      dot. Full-sequence passes (training, prefill) always use XLA's dot.
+      See `t5x_speed.backend`.
+    kernel_threads: threads one kernel call uses, 0 for one per core. It
+      does not change the results.
   """
 
   vocab_size: int = 32128
@@ -72,6 +82,8 @@ class TransformerConfig:
   sharing: SharingOrder = SharingOrder.CYCLE
   relpos_num_buckets: int = 32
   relpos_max_distance: int = 128
+  decode_matmul: str = 'auto'
+  kernel_threads: int = 0
 
   def __post_init__(self):
     def positive(name):
@@ -110,6 +122,16 @@ class TransformerConfig:
       raise ValueError('TransformerConfig.mlp_activations must be a non-empty '
                        f'sequence of names, got {self.mlp_activations!r}.')
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
+    backend.check_decode_matmul(self.decode_matmul,
+                                'TransformerConfig.decode_matmul')
+    backend.check_kernel_threads(self.kernel_threads,
+                                 'TransformerConfig.kernel_threads')
+
+  @property
+  def decode_numerics(self) -> backend.DecodeNumerics:
+    """The numerics of a decode step of this model."""
+    return backend.DecodeNumerics(matmul=self.decode_matmul,
+                                  kernel_threads=self.kernel_threads)
 
   @property
   def num_layers(self) -> int:

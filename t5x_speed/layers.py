@@ -5,6 +5,10 @@ Each block reproduces the arithmetic of T5X's decoder-only example
 with two decode-time changes: the embedding is a gather (a one-hot matmul
 re-reads the whole table every step) and the key/value cache is written at
 absolute positions by scatter, touching only the written entries.
+
+How the weight matmuls, gathers and scatters are computed (XLA's dot, the
+few-row kernel, per-row GEMVs; 16-bit values moved as bits) is chosen by
+`t5x_speed.backend`.
 """
 
 import functools
@@ -18,7 +22,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import rowmatmul
+from t5x_speed import backend
 
 Array = jax.Array
 param_with_axes = nn_partitioning.param_with_axes
@@ -30,36 +34,6 @@ NEG_INF = -1e10
 default_kernel_init = nn.initializers.variance_scaling(
     1.0, 'fan_in', 'truncated_normal')
 attention_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
-
-
-# Decode steps multiply a few token rows by every weight matrix. XLA:CPU runs
-# one row as a memory-speed GEMV but a few rows through a GEMM that packs the
-# weights first (about twice one row's time at T5-Base width). Inside a decode
-# step (`rowmatmul.decode_scope`), up to `rowmatmul.MAX_ROWS` rows go to the
-# row-independent few-row kernel: every weight is read once for all rows, and
-# each row's product is bit-identical to the one-row (greedy) computation.
-#
-# Without the kernel (no compiler, T5X_SPEED_KERNEL=0), the old workaround
-# stays: one GEMV per row for up to 4 rows when the weights fit in the
-# last-level cache, so they are read from memory once and from cache after.
-_MATVEC_MAX_ROWS = 4
-_MATVEC_MAX_KERNEL_ELEMENTS = 4 * 1024 * 1024  # 16 MiB of float32
-
-
-# Gathers and scatters only move values, so 16-bit floats can move as
-# uint16: XLA:CPU would do them in float32, converting the whole operand.
-_MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.uint16,
-              jnp.dtype(jnp.float16): jnp.uint16}
-
-
-def _use_kernel(rows: int) -> bool:
-  return rowmatmul.in_decode_scope() and rowmatmul.use_kernel(rows)
-
-
-def _use_row_matvecs(rows: int, kernel_size: int) -> bool:
-  return (1 < rows <= _MATVEC_MAX_ROWS and
-          kernel_size <= _MATVEC_MAX_KERNEL_ELEMENTS and
-          jax.default_backend() == 'cpu' and not rowmatmul.available())
 
 
 def _per_row(x: Array, batch_ndim: int, row_fn) -> Array:
@@ -94,14 +68,15 @@ class Dense(nn.Module):
     x = jnp.asarray(x, self.dtype)
     batch_ndim = x.ndim - self.num_in_axes
     batch_shape = x.shape[:batch_ndim]
-    if _use_kernel(int(np.prod(batch_shape))):
+    path = backend.choose_matmul(int(np.prod(batch_shape)), kernel.size)
+    if path is backend.Matmul.KERNEL:
       # The kernel reads the stored 2-D layout directly.
       flat = x.reshape(batch_shape + (kernel.shape[0],))
-      out = rowmatmul.matmul(flat, jnp.asarray(kernel, self.dtype))
+      out = backend.kernel_matmul(flat, jnp.asarray(kernel, self.dtype))
       return out.reshape(batch_shape + features)
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
     k_axes = tuple(range(self.num_in_axes))
-    if _use_row_matvecs(int(np.prod(batch_shape)), kernel.size):
+    if path is backend.Matmul.ROW_MATVECS:
       return _per_row(x, batch_ndim, lambda row: lax.dot_general(
           row, kernel, ((k_axes, k_axes), ((), ()))))
     contract = tuple(range(batch_ndim, x.ndim))
@@ -168,14 +143,7 @@ class Embed(nn.Module):
   def __call__(self, tokens: Array) -> Array:
     """Gathers rows: [...] int -> [..., features] in `dtype`."""
     table = jnp.asarray(self.embedding, self.dtype)
-    bits = _MOVE_BITS.get(jnp.dtype(table.dtype))
-    if bits is None:
-      return table[tokens]
-    # XLA:CPU gathers bf16 from a float32 copy of the whole table, made once
-    # per call (for a decode loop, 99 MB at T5-Base size). Gather the bits:
-    # XLA still copies the uint16 view once per call, at half the bytes.
-    rows = lax.bitcast_convert_type(table, bits)[tokens]
-    return lax.bitcast_convert_type(rows, table.dtype)
+    return backend.move_values(lambda t, i: t[i], (table,), tokens)
 
   def attend(self, query: Array, vocab_limit: Optional[int] = None) -> Array:
     """Scores `query` [..., features] against the rows, in float32.
@@ -185,13 +153,16 @@ class Embed(nn.Module):
     copy; the arithmetic is float32 either way.
     """
     query = jnp.asarray(query, jnp.float32)
-    if _use_kernel(int(np.prod(query.shape[:-1]))):
-      return rowmatmul.matmul(query, self.embedding, transpose_w=True,
-                              cols=vocab_limit)
+    rows = int(np.prod(query.shape[:-1]))
+    scored = self.num_embeddings if vocab_limit is None else vocab_limit
+    path = backend.choose_matmul(rows, scored * self.features)
+    if path is backend.Matmul.KERNEL:
+      return backend.kernel_matmul(query, self.embedding, transpose_w=True,
+                                   cols=vocab_limit)
     table = jnp.asarray(self.embedding, jnp.float32)
     if vocab_limit is not None:
       table = table[:vocab_limit]
-    if _use_row_matvecs(int(np.prod(query.shape[:-1])), table.size):
+    if path is backend.Matmul.ROW_MATVECS:
       return _per_row(query, query.ndim - 1, lambda row: jnp.dot(table, row))
     return jnp.dot(query, table.T)
 
@@ -298,19 +269,10 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
     The cache with exactly the valid rows' entries replaced.
   """
   update = update.astype(cache.dtype)
-  bits = _MOVE_BITS.get(jnp.dtype(cache.dtype))
-  if bits is not None:
-    # XLA:CPU scatters bf16 through float32: it converts the whole cache to
-    # f32 and back on every write. A write copies bits, so scatter them
-    # (XLA still copies the uint16 view, once per write, with no conversion).
-    written = write_cache(lax.bitcast_convert_type(cache, bits), stages,
-                          positions, lax.bitcast_convert_type(update, bits))
-    return lax.bitcast_convert_type(written, cache.dtype)
   if positions.size == 1:
     # XLA makes a single write a dynamic-update-slice, and XLA:CPU then
-    # copies the whole cache several times per loop step when a dot reads it
-    # (greedy at batch 1 on an unshared model: 2.3 ms per 12-layer Base
-    # step). A second write, always dropped, keeps it a scatter.
+    # copies the whole cache several times per loop step when a dot reads
+    # it. A second write, always dropped, keeps it a scatter.
     stages = tuple(stages) * 2
     positions = jnp.concatenate([positions, jnp.full_like(positions, -1)], 1)
     update = jnp.concatenate([update, update], 1)
@@ -319,7 +281,9 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
   stage_idx = jnp.asarray(stages, jnp.int32)[None, :]        # [1, slots]
   batch_idx = jnp.arange(cache.shape[1])[:, None]            # [batch, 1]
   # Indices [batch, slots] around the head slice: updates [b, s, heads, d].
-  return cache.at[stage_idx, batch_idx, :, positions].set(update, mode='drop')
+  scatter = lambda c, u, s, b, p: c.at[s, b, :, p].set(u, mode='drop')
+  return backend.move_values(scatter, (cache, update), stage_idx, batch_idx,
+                             positions)
 
 
 def read_cache(cache: Array, stages: Sequence[int]) -> Array:

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import backend
 from t5x_speed import layers
-from t5x_speed import rowmatmul
 from t5x_speed.config import SharingOrder, TransformerConfig  # pylint: disable=unused-import
 
 Array = jax.Array
@@ -446,12 +446,13 @@ class SpeedTransformer(nn.Module):
   def prefill(self, *args, **kwargs):
     return self.decoder.prefill(*args, **kwargs)
 
-  # Decode steps trace their weight matmuls in `rowmatmul.decode_scope`, so
-  # few rows go to the row-independent kernel on CPU (see layers.py).
+  # The two decode steps are traced as such, with the config's numerics
+  # (`backend.decode_step`): their few-row weight matmuls may then leave
+  # XLA's dot, which every other pass keeps.
   def decode_step(self, *args, **kwargs):
-    with rowmatmul.decode_scope():
+    with backend.decode_step(self.config.decode_numerics):
       return self.decoder.decode_step(*args, **kwargs)
 
   def speed_step(self, *args, **kwargs):
-    with rowmatmul.decode_scope():
+    with backend.decode_step(self.config.decode_numerics):
       return self.decoder.speed_step(*args, **kwargs)

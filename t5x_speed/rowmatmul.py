@@ -2,23 +2,24 @@
 
 A decode step multiplies a few token rows by every weight matrix. XLA:CPU
 runs one row as a memory-speed GEMV but several rows through a GEMM that
-packs the weights first (about 2x one row for 3 rows at T5-Base width), which
-defeats SPEED's premise that R rows cost about one weight read. The kernel in
+packs the weights first, so a few rows cost well over one weight read, which
+defeats SPEED's premise that R rows cost about one. The kernel in
 `csrc/rowmatmul.cc` streams each weight once for all rows (register-held
-accumulators, AVX-512 / AVX2+FMA / portable, both cores), and computes every
-row with the same arithmetic whatever the number of rows, so a token's
-weight products are bit-identical in greedy (1 row) and SPEED (R rows) (the
-attention and norms around them are XLA's; see the README).
+accumulators, AVX-512 / AVX2+FMA / portable, on `threads` threads), and
+computes every row with the same arithmetic whatever the number of rows, so
+a token's weight products are bit-identical in greedy (1 row) and SPEED (R
+rows) (the attention and norms around them are XLA's).
 
 The kernel is compiled on first use with the system C++ compiler into a cache
 keyed by the source, jaxlib version, compiler and CPU (`python -m
-t5x_speed.rowmatmul --build` does it ahead of time). Without a compiler, on a
-non-CPU backend, or with T5X_SPEED_KERNEL=0, `matmul` is XLA's dot; a missing
-compiler or T5X_SPEED_KERNEL=0 is logged once per process.
+t5x_speed.rowmatmul --build` does it ahead of time). Without a compiler or on
+a non-CPU backend, `matmul` is XLA's dot; a kernel that cannot be built or
+loaded is logged once per process.
 
-`t5x_speed.layers` sends a decode step's weight matmuls here (those traced in
-`decode_scope`, see `network.SpeedTransformer`); full-sequence passes
-(training, prefill) keep XLA's dot whatever their row count.
+Which matmuls of a model come here is decided in `t5x_speed.backend`: a
+decode step's weight matmuls, as `TransformerConfig.decode_matmul` says;
+full-sequence passes (training, prefill) keep XLA's dot whatever their row
+count.
 
 Example:
   >>> x, w = jnp.ones((3, 768)), jnp.ones((768, 2048))
@@ -28,8 +29,6 @@ Example:
   (3, 32128)
 """
 
-import contextlib
-import contextvars
 import ctypes
 import fcntl
 import functools
@@ -40,7 +39,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from typing import Optional
 
@@ -52,18 +50,17 @@ import numpy as np
 
 Array = jax.Array
 
-ENV_SWITCH = 'T5X_SPEED_KERNEL'  # '0' disables the kernel (A/B measurement)
-# Rows up to which decode-step matmuls use the kernel. Measured at T5-Base
-# width on 2 cores (see README): in bf16 the kernel beats XLA's dot at every
-# row count up to 64; in f32 XLA's GEMM is faster from about 48 rows (75 vs
-# 83 ms at 48). 64 still covers SPEED's batch*R rows of the bench (16 x 3 =
-# 48) because the kernel's row independence keeps SPEED's products
-# bit-identical to greedy's; above it, training and prefill shapes keep XLA's
-# dot (T5X parity).
+# Rows up to which `matmul` uses the kernel. The kernel's advantage, one
+# weight read for all rows, shrinks as rows grow while XLA's GEMM amortises
+# its weight packing over them (in float32 it catches up first;
+# tools/rowmatmul_microbench.py compares the two). The bound still covers
+# SPEED's batch * R rows at the batch sizes it serves, where the kernel's row
+# independence is what keeps SPEED's products bit-identical to greedy's.
 MAX_ROWS = 64
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc',
-                       'rowmatmul.cc')
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc')
+_SOURCE = os.path.join(_CSRC, 'rowmatmul.cc')
+_HEADERS = (os.path.join(_CSRC, 'row_kernels.h'),)
 _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
 _SYMBOLS = {False: 'T5xSpeedRowMatmul', True: 'T5xSpeedRowMatmulNT'}
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
@@ -107,7 +104,11 @@ def _build_key(cxx: list) -> str:
     raise RuntimeError(f'cannot run the C++ compiler {shlex.join(cxx)!r}: '
                        f'{e}') from None
   digest = hashlib.sha256()
-  for part in (open(_SOURCE, 'rb').read(), jaxlib.__version__.encode(),
+  sources = []
+  for path in (_SOURCE, *_HEADERS):
+    with open(path, 'rb') as f:
+      sources.append(f.read())
+  for part in (*sources, jaxlib.__version__.encode(),
                version.encode(), _cpu_signature().encode(),
                ' '.join(_CXX_FLAGS).encode()):
     digest.update(part)
@@ -168,113 +169,78 @@ def build(verbose: bool = False) -> str:
       raise RuntimeError(f'cannot run {cmd[0]!r}: {e}') from None
     if result.returncode != 0:
       os.unlink(tmp)
-      raise RuntimeError(f'compiling {_SOURCE} failed:\n{result.stderr[-4000:]}')
+      raise RuntimeError(
+          f'compiling {_SOURCE} failed:\n{result.stderr[-4000:]}')
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
   return path
 
 
 @functools.lru_cache(maxsize=None)
+def _register(path: str) -> str:
+  """Loads the library at `path` and registers its FFI targets; its ISA.
+
+  Once per library: XLA's target registry is process-wide.
+  """
+  lib = ctypes.cdll.LoadLibrary(path)
+  for transposed, target in _TARGETS.items():
+    jax.ffi.register_ffi_target(
+        target, jax.ffi.pycapsule(getattr(lib, _SYMBOLS[transposed])),
+        platform='cpu')
+  lib.T5xSpeedRowMatmulIsa.restype = ctypes.c_char_p
+  return lib.T5xSpeedRowMatmulIsa().decode()
+
+
+@functools.lru_cache(maxsize=None)
 def _load() -> Optional[str]:
-  """Builds, loads and registers the kernel once; its ISA, or None."""
+  """Builds and registers the kernel once; its ISA, or None (logged once)."""
   try:
-    lib = ctypes.cdll.LoadLibrary(build())
-    for transposed, target in _TARGETS.items():
-      jax.ffi.register_ffi_target(
-          target, jax.ffi.pycapsule(getattr(lib, _SYMBOLS[transposed])),
-          platform='cpu')
-    lib.T5xSpeedRowMatmulIsa.restype = ctypes.c_char_p
-    return lib.T5xSpeedRowMatmulIsa().decode()
+    return _register(build())
   except Exception as e:  # pylint: disable=broad-except
     _log.warning('t5x_speed: few-row matmul kernel unavailable, using XLA\'s '
                  'dot (decoding is slower on CPU): %s', e)
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _disabled_notice() -> None:
-  _log.warning('t5x_speed: %s=0, few-row matmul kernel disabled; using XLA\'s '
-               'dot.', ENV_SWITCH)
+def isa() -> Optional[str]:
+  """The vector instruction set of the kernel ('avx512', 'avx2', 'portable').
+
+  Builds and loads the kernel on first use. None where it cannot be built or
+  loaded (the reason is logged once per process).
+  """
+  return _load()
 
 
 def available() -> bool:
-  """Whether `matmul` will use the kernel (CPU backend, built, not disabled).
-
-  Read at trace time: a function traced before T5X_SPEED_KERNEL changes keeps
-  the path it was traced with.
-  """
-  if os.environ.get(ENV_SWITCH, '1') == '0':
-    _disabled_notice()  # once per process
-    return False
-  if jax.default_backend() != 'cpu':
-    return False
-  return _load() is not None
+  """Whether `matmul` can use the kernel: a CPU backend and a loaded kernel."""
+  return jax.default_backend() == 'cpu' and isa() is not None
 
 
-def use_kernel(rows: int) -> bool:
-  """Whether a matmul over `rows` rows should go to the kernel."""
-  return 0 < rows <= MAX_ROWS and not _XLA_SCOPE.get() and available()
-
-
-# Set while tracing functions that must use XLA's dot (side-by-side A/B in one
-# process, see `xla_scope`).
-_XLA_SCOPE = contextvars.ContextVar('t5x_speed_xla_scope', default=False)
-
-
-@contextlib.contextmanager
-def xla_scope():
-  """Functions traced inside use XLA's dot, as with T5X_SPEED_KERNEL=0."""
-  token = _XLA_SCOPE.set(True)
-  try:
-    yield
-  finally:
-    _XLA_SCOPE.reset(token)
-
-
-# Set while a decode step is traced (see `decode_scope`). Only decode steps use
-# the kernel: a full-sequence pass of a tiny batch has few rows too, but it
-# must keep XLA's arithmetic (bit parity with T5X's network, training).
-_DECODE_SCOPE = contextvars.ContextVar('t5x_speed_decode_scope', default=False)
-
-
-@contextlib.contextmanager
-def decode_scope():
-  """Marks the matmuls traced inside as one decode step's (kernel-eligible)."""
-  token = _DECODE_SCOPE.set(True)
-  try:
-    yield
-  finally:
-    _DECODE_SCOPE.reset(token)
-
-
-def in_decode_scope() -> bool:
-  """Whether the caller is being traced inside `decode_scope`."""
-  return _DECODE_SCOPE.get()
-
-
-def _ffi(x: Array, w: Array, n: int, transpose_w: bool, dtype) -> Array:
+def _ffi(x: Array, w: Array, n: int, transpose_w: bool, dtype,
+         threads: int) -> Array:
   call = jax.ffi.ffi_call(_TARGETS[transpose_w],
                           jax.ShapeDtypeStruct((x.shape[0], n), dtype),
                           # One call for all vmapped matrices: the kernel
                           # takes leading batch axes (size 1 = broadcast).
                           vmap_method='expand_dims')
-  return call(x, w)
+  return call(x, w, threads=np.int64(threads))
 
 
 # The kernel is a forward-only custom call; the backward pass (if a few-row
 # matmul is ever differentiated, e.g. a decode step under grad) uses XLA's
 # dots, in f32 for mixed operands, each gradient cast to its operand's dtype.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _kernel(x: Array, w: Array, n: int, transpose_w: bool, dtype) -> Array:
-  return _ffi(x, w, n, transpose_w, dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _kernel(x: Array, w: Array, n: int, transpose_w: bool, dtype,
+            threads: int) -> Array:
+  return _ffi(x, w, n, transpose_w, dtype, threads)
 
 
-def _kernel_fwd(x, w, n, transpose_w, dtype):
-  return _ffi(x, w, n, transpose_w, dtype), (x, w)
+def _kernel_fwd(x, w, n, transpose_w, dtype, threads):
+  return _ffi(x, w, n, transpose_w, dtype, threads), (x, w)
 
 
-def _kernel_bwd(n, transpose_w, dtype, res, g):
-  del dtype
+def _kernel_bwd(n, transpose_w, dtype, threads, res, g):
+  del dtype, threads
   x, w = res
   f32 = lambda a: a.astype(jnp.float32)
   g = f32(g)
@@ -289,8 +255,12 @@ _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
 def matmul(x: Array, w: Array, *, transpose_w: bool = False,
-           cols: Optional[int] = None, force_xla: bool = False) -> Array:
+           cols: Optional[int] = None, force_xla: bool = False,
+           threads: int = 0) -> Array:
   """x @ w (or x @ w[:cols].T) with the kernel for few rows on CPU.
+
+  The kernel takes up to `MAX_ROWS` rows where `available()`; otherwise this
+  is XLA's dot.
 
   Args:
     x: [..., K] activations; leading axes are rows.
@@ -300,6 +270,8 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     cols: with `transpose_w`, score only rows [0, cols) of w (default all),
       without copying the slice.
     force_xla: always use XLA's dot (reference / A-B).
+    threads: threads the kernel uses, 0 for one per core. The result does
+      not depend on it.
 
   Returns:
     [..., N] in the promoted dtype of x and w, as XLA's dot of the promoted
@@ -309,8 +281,11 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     XLA's dot.
 
   Raises:
-    ValueError: on rank or shape mismatch, or a bad `cols`.
+    ValueError: on rank or shape mismatch, a bad `cols` or negative `threads`.
   """
+  if (isinstance(threads, bool) or
+      not isinstance(threads, (int, np.integer)) or threads < 0):
+    raise ValueError(f'threads must be an integer >= 0, got {threads!r}.')
   x, w = jnp.asarray(x), jnp.asarray(w)
   if w.ndim != 2 or x.ndim < 1:
     raise ValueError(f'matmul needs x [..., K] and a 2-D w, got {x.shape} and '
@@ -328,11 +303,12 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
   rows = int(np.prod(x.shape[:-1]))
   if (force_xla or dtype not in _DTYPES or x.dtype not in _DTYPES or
       w.dtype not in _DTYPES or x.shape[-1] == 0 or n == 0 or
-      not use_kernel(rows)):
+      not 0 < rows <= MAX_ROWS or not available()):
     wn = w[:n] if transpose_w else w
     return lax.dot_general(x.astype(dtype), wn.astype(dtype),
                            (((x.ndim - 1,), (k_axis,)), ((), ())))
-  out = _kernel(x.reshape(rows, x.shape[-1]), w, n, transpose_w, dtype)
+  out = _kernel(x.reshape(rows, x.shape[-1]), w, n, transpose_w, dtype,
+                int(threads))
   return out.reshape(x.shape[:-1] + (n,))
 
 

@@ -1,4 +1,5 @@
-"""The few-row matmul kernel: values, row independence, edge cases, fallback.
+"""The few-row matmul kernel: values, row independence, threads, edge cases,
+fallback. (Which passes use it: test_backend.py.)
 
 Tolerances. The kernel sums each output in a fixed order (a chain of FMAs
 over k, or per-lane chains and a fixed horizontal sum for x @ w.T) that
@@ -188,6 +189,23 @@ class RowIndependenceTest(parameterized.TestCase):
                                     f'row {i} of {m}')
 
 
+@needs_kernel
+class ThreadsTest(parameterized.TestCase):
+  """The `threads` attribute changes who computes a column, not its value."""
+
+  @parameterized.product(dtype=(F32, BF16), transpose_w=(False, True))
+  def test_results_do_not_depend_on_threads(self, dtype, transpose_w):
+    # Weights of 768 x 2051 are split across threads and column chunks.
+    x, w = _data(5, 768, 2051, dtype, transpose_w)
+    f = jax.jit(lambda x, w: [rowmatmul.matmul(
+        x, w, transpose_w=transpose_w, threads=t) for t in (0, 1, 3)])
+    hlo = f.lower(x, w).as_text()
+    self.assertEqual(hlo.count('t5x_speed_rowmatmul'), 3, hlo)
+    every_core, one, three = (_bits(y) for y in f(x, w))
+    np.testing.assert_array_equal(one, every_core)
+    np.testing.assert_array_equal(three, every_core)
+
+
 class EdgeCasesTest(parameterized.TestCase):
 
   def test_zero_rows_and_empty_contraction(self):
@@ -206,6 +224,9 @@ class EdgeCasesTest(parameterized.TestCase):
       rowmatmul.matmul(x, w, cols=3)
     with self.assertRaisesRegex(ValueError, 'cols=9'):
       rowmatmul.matmul(x, w.T, transpose_w=True, cols=9)
+    for threads in (-1, 1.0, True):
+      with self.assertRaisesRegex(ValueError, 'threads must be an integer'):
+        rowmatmul.matmul(x, w, threads=threads)
 
   def test_other_dtypes_use_xla(self):
     x = jnp.arange(6, dtype=jnp.int32).reshape(2, 3)
@@ -244,10 +265,6 @@ class FallbackTest(absltest.TestCase):
   def test_no_compiler_says_so_once(self):
     err = self._run({'CXX': '/nonexistent/c++'})
     self.assertEqual(err.count('kernel unavailable, using XLA'), 1, err)
-
-  def test_switched_off_says_so_once(self):
-    err = self._run({rowmatmul.ENV_SWITCH: '0'})
-    self.assertEqual(err.count('kernel disabled'), 1, err)
 
   def test_build_command_never_fails(self):
     result = subprocess.run(

@@ -6,29 +6,22 @@
 // products and sums are f32, and a bf16 output is rounded once at the end,
 // as XLA's bf16 dot does):
 //
-//   t5x_speed_rowmatmul     w[K, N]: out = x @ w   (Dense kernels)
-//   t5x_speed_rowmatmul_nt  w[N', K]: out = x @ w[:N].T, N = attribute `cols`
-//                           (the tied-embedding classifier, [vocab, emb])
+//   t5x_speed_rowmatmul     w[K, N]:  out = x @ w      (Dense kernels)
+//   t5x_speed_rowmatmul_nt  w[N', K]: out = x @ w[:N].T, N <= N' taken from
+//                           out's shape (the tied-embedding classifier,
+//                           [vocab, emb], scored over a vocabulary prefix
+//                           without copying it)
+//
+// Both take one attribute, `threads` (int64): how many threads share a call,
+// 0 meaning one per hardware thread. It is part of the traced program, so a
+// compiled decode step always runs with the count it was traced with.
 //
 // Both take leading batch axes (x [..., M, K], see `Batch`), so a jax.vmap
 // over a decode (e.g. the exactness fuzz over random models) makes one call
 // per matmul rather than one per batch element.
 //
-// Row independence: every output element is computed by one fixed sequence
-// of operations that depends on K (and, for the nt form, on the vector
-// width) only, never on M, on the column blocking or on the thread that runs
-// it. So row i of an M-row call is bit-identical to the same row alone: SPEED
-// (R rows per step) multiplies exactly as greedy (one row) does.
-//
-//   * x @ w: out[r, n] is the chain acc = fma(x[r, k], w[k, n], acc) for
-//     k = 0..K-1 from acc = 0, in every code path (vector lanes and scalar
-//     tails alike, since a vector FMA is a per-lane scalar FMA).
-//   * x @ w.T: lane l of a vector accumulator takes k = l (mod lanes) in
-//     order, then one fixed horizontal sum.
-//
-// Memory: M <= 8 rows keep all their accumulators in registers while a
-// column block of w streams through once; more rows are done in groups of 8
-// inside each column block, whose weights are then still in L2.
+// The arithmetic, and why each row is bit-identical to the same row alone:
+// row_kernels.h.
 //
 // Threads: output columns are cut into chunks claimed from an atomic counter
 // by the calling thread and by helpers scheduled on XLA's intra-op thread
@@ -38,293 +31,33 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
-
+#include "row_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kMaxGroupRows = 8;  // rows whose accumulators live in registers
-
-// ---------------------------------------------------------------------------
-// Scalars: bf16 <-> f32.
-
-inline float Bf16ToF32(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// Round to nearest even, as XLA's f32 -> bf16 convert; NaN stays a quiet NaN.
-inline uint16_t F32ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float ToF32(float v) { return v; }
-inline float ToF32(uint16_t v) { return Bf16ToF32(v); }
-inline void FromF32(float v, float* out) { *out = v; }
-inline void FromF32(float v, uint16_t* out) { *out = F32ToBf16(v); }
-
-// ---------------------------------------------------------------------------
-// One vector type per instruction set, chosen at compile time (the library
-// is built with -march=native on the machine that runs it). All loads are
-// unaligned: XLA's buffers carry no alignment promise we rely on.
-
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-using Vec = __m512;
-inline Vec Zero() { return _mm512_setzero_ps(); }
-inline Vec Set1(float v) { return _mm512_set1_ps(v); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec Load(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline float ReduceAdd(Vec v) {
-  // Fixed tree: 16 -> 8 -> 4 -> 2 -> 1.
-  const __m256 lo = _mm512_castps512_ps256(v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(
-      _mm512_castps_pd(v), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8),
-                               _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-  return _mm_cvtss_f32(s1);
-}
-constexpr const char* kIsa = "avx512";
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int kLanes = 8;
-using Vec = __m256;
-inline Vec Zero() { return _mm256_setzero_ps(); }
-inline Vec Set1(float v) { return _mm256_set1_ps(v); }
-inline Vec Fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec Load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec Load(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline float ReduceAdd(Vec v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v),
-                               _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
-  return _mm_cvtss_f32(s1);
-}
-constexpr const char* kIsa = "avx2";
-#else
-// Portable path: one lane, std::fma, same arithmetic contract.
-constexpr int kLanes = 1;
-using Vec = float;
-inline Vec Zero() { return 0.0f; }
-inline Vec Set1(float v) { return v; }
-inline Vec Fma(Vec a, Vec b, Vec c) { return std::fma(a, b, c); }
-inline Vec Load(const float* p) { return *p; }
-inline Vec Load(const uint16_t* p) { return Bf16ToF32(*p); }
-inline void Store(float* p, Vec v) { *p = v; }
-inline float ReduceAdd(Vec v) { return v; }
-constexpr const char* kIsa = "portable";
-#endif
-
-// Loads n < kLanes elements, zero-filling the rest, without reading past p+n.
-template <typename T>
-inline Vec LoadPartial(const T* p, int n) {
-  T buf[kLanes] = {};
-  std::memcpy(buf, p, n * sizeof(T));
-  return Load(buf);
-}
-
-// Stores the first n lanes of v (n <= kLanes) to out, converting to T.
-template <typename T>
-inline void StoreOut(T* out, Vec v, int n) {
-  float buf[kLanes];
-  Store(buf, v);
-  for (int i = 0; i < n; ++i) FromF32(buf[i], out + i);
-}
-
-// ---------------------------------------------------------------------------
-// out = x @ w, w [K, N] row-major.
-//
-// A chunk of columns [n0, n1) is done for all M rows at once: KC rows of w
-// are read side by side (KC contiguous streams, which the hardware
-// prefetchers follow), each loaded vector serves every row, and the rows'
-// partial sums live in a small f32 scratch that stays in L1, touched once per
-// KC rows of w. Each sum is still the plain FMA chain over k = 0..K-1.
-
-constexpr int kKc = 8;  // rows of w per pass over the chunk
-
-template <int KC>
-inline void KnRows(const float* xk, int64_t K, int64_t M, const Vec* wv,
-                   float* acc, int64_t stride) {
-  for (int64_t r = 0; r < M; ++r, acc += stride) {
-    Vec a = Load(acc);
-    for (int i = 0; i < KC; ++i) a = Fma(Set1(xk[r * K + i]), wv[i], a);
-    Store(acc, a);
-  }
-}
-
-// Rows [k, k + KC) of w over the chunk's `full` whole vectors and `tail`
-// remaining columns.
-template <int KC, typename W>
-inline void KnStep(const float* x, const W* w, int64_t M, int64_t K,
-                   int64_t N, int64_t k, int64_t full, int tail, float* acc,
-                   int64_t stride) {
-  const W* wk = w + k * N;
-  for (int64_t c = 0; c < full; c += kLanes) {
-    Vec wv[KC];
-    for (int i = 0; i < KC; ++i) wv[i] = Load(wk + i * N + c);
-    KnRows<KC>(x + k, K, M, wv, acc + c, stride);
-  }
-  if (tail > 0) {
-    Vec wv[KC];
-    for (int i = 0; i < KC; ++i) wv[i] = LoadPartial(wk + i * N + full, tail);
-    KnRows<KC>(x + k, K, M, wv, acc + full, stride);
-  }
-}
-
-template <typename W, typename O>
-void KnChunk(const float* x, const W* w, O* out, int64_t M, int64_t K,
-             int64_t N, int64_t n0, int64_t n1) {
-  const int64_t width = n1 - n0;
-  const int64_t full = width / kLanes * kLanes;
-  const int tail = static_cast<int>(width - full);
-  const int64_t stride = full + (tail > 0 ? kLanes : 0);
-  thread_local std::vector<float> scratch;
-  scratch.assign(static_cast<size_t>(M * stride), 0.0f);
-  float* acc = scratch.data();
-  const W* wc = w + n0;
-  int64_t k = 0;
-  for (; k + kKc <= K; k += kKc)
-    KnStep<kKc>(x, wc, M, K, N, k, full, tail, acc, stride);
-  for (; k < K; ++k) KnStep<1>(x, wc, M, K, N, k, full, tail, acc, stride);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t c = 0; c < width; ++c)
-      FromF32(acc[r * stride + c], out + r * N + n0 + c);
-}
-
-// ---------------------------------------------------------------------------
-// out = x @ w[:N].T, w [*, K] row-major (dot-product form).
-
-constexpr int NkColumns(int m) {
-  return m <= 2 ? 8 : (m <= 3 ? 6 : (m <= 4 ? 5 : (m <= 6 ? 3 : 2)));
-}
-
-// Output columns [j, j + J) of M rows. `x` is [M, Kp] f32, zero-padded to
-// Kp = K rounded up to kLanes, so the K tail is one more lane-wise FMA.
-template <int M, int J, typename W, typename O>
-void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
-             int64_t N, int64_t j) {
-  Vec acc[M][J];
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < J; ++c) acc[r][c] = Zero();
-  int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
-    Vec wv[J];
-    for (int c = 0; c < J; ++c) wv[c] = Load(w + (j + c) * K + k);
-    for (int r = 0; r < M; ++r) {
-      const Vec xv = Load(x + r * Kp + k);
-      for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
-    }
-  }
-  if (k < K) {
-    const int tail = static_cast<int>(K - k);
-    Vec wv[J];
-    for (int c = 0; c < J; ++c) wv[c] = LoadPartial(w + (j + c) * K + k, tail);
-    for (int r = 0; r < M; ++r) {
-      const Vec xv = Load(x + r * Kp + k);
-      for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
-    }
-  }
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < J; ++c) FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
-}
-
-template <int M, typename W, typename O>
-void NkRange(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
-             int64_t N, int64_t n0, int64_t n1) {
-  constexpr int J = NkColumns(M);
-  int64_t j = n0;
-  for (; j + J <= n1; j += J) NkGroup<M, J>(x, Kp, w, out, K, N, j);
-  for (; j < n1; ++j) NkGroup<M, 1>(x, Kp, w, out, K, N, j);
-}
-
-// ---------------------------------------------------------------------------
-// Row-group dispatch: rows [0, M) in groups of up to kMaxGroupRows.
-
-template <typename W, typename O>
-struct Problem {
-  const float* x;  // [M, Kp] f32
-  int64_t Kp;
-  const W* w;
-  O* out;          // [M, N]
-  int64_t M, K, N;
-  bool transposed;
-};
-
-template <int G, typename W, typename O>
-void RunGroup(const Problem<W, O>& p, int64_t r0, int64_t n0, int64_t n1) {
-  const float* x = p.x + r0 * p.Kp;
-  O* out = p.out + r0 * p.N;
-  NkRange<G>(x, p.Kp, p.w, out, p.K, p.N, n0, n1);
-}
-
-template <typename W, typename O>
-void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
-  if (!p.transposed) {  // x has row stride Kp == K here
-    KnChunk(p.x, p.w, p.out, p.M, p.K, p.N, n0, n1);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < p.M; r0 += kMaxGroupRows) {
-    switch (std::min<int64_t>(kMaxGroupRows, p.M - r0)) {
-      case 1: RunGroup<1>(p, r0, n0, n1); break;
-      case 2: RunGroup<2>(p, r0, n0, n1); break;
-      case 3: RunGroup<3>(p, r0, n0, n1); break;
-      case 4: RunGroup<4>(p, r0, n0, n1); break;
-      case 5: RunGroup<5>(p, r0, n0, n1); break;
-      case 6: RunGroup<6>(p, r0, n0, n1); break;
-      case 7: RunGroup<7>(p, r0, n0, n1); break;
-      default: RunGroup<8>(p, r0, n0, n1); break;
-    }
-  }
-}
+using namespace t5x_speed_kernels;  // NOLINT(build/namespaces)
 
 // ---------------------------------------------------------------------------
 // Threads.
 
-int NumThreads() {
-  static const int n = [] {
-    if (const char* env = std::getenv("T5X_SPEED_KERNEL_THREADS")) {
-      const int v = std::atoi(env);
-      if (v >= 1) return v;
-    }
-    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  }();
-  return n;
+// Threads for the `threads` attribute: a positive count as given (capped, so
+// that it fits an int), 0 one per hardware thread.
+int NumThreads(int64_t requested) {
+  constexpr int64_t kMaxThreads = 1 << 16;
+  if (requested > 0) {
+    return static_cast<int>(std::min(requested, kMaxThreads));
+  }
+  static const int hardware =
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return hardware;
 }
 
 // Chunks claimed by the caller and by pool helpers; kept alive by the
@@ -341,7 +74,8 @@ struct Work {
 
   // Runs chunks until none is left.
   void Drain() {
-    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
+    for (int64_t c;
+         (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
       run(body, c);
       done.fetch_add(1, std::memory_order_release);
     }
@@ -400,7 +134,8 @@ template <typename W, typename O>
 int64_t ChunkColumns(const Problem<W, O>& p, int threads) {
   if (p.transposed) {
     const int64_t units = (p.N + 63) / 64;
-    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(units, 4 * threads));
+    const int64_t chunks =
+        std::max<int64_t>(1, std::min<int64_t>(units, 4 * threads));
     return (units + chunks - 1) / chunks * 64;
   }
   const int64_t l1 = std::max<int64_t>(kLanes, 4096 / p.M / kLanes * kLanes);
@@ -409,9 +144,9 @@ int64_t ChunkColumns(const Problem<W, O>& p, int threads) {
 }
 
 template <typename W, typename O>
-void Run(ffi::ThreadPool& pool, const Problem<W, O>& p) {
+void Run(ffi::ThreadPool& pool, const Problem<W, O>& p, int max_threads) {
   const int64_t bytes = p.K * p.N * static_cast<int64_t>(sizeof(W));
-  int threads = bytes >= kMinParallelBytes ? NumThreads() : 1;
+  int threads = bytes >= kMinParallelBytes ? max_threads : 1;
   if (threads > 1 && pool.num_threads() <= 0) threads = 1;
   const int64_t per = ChunkColumns(p, threads);
   const int64_t chunks = (p.N + per - 1) / per;
@@ -455,7 +190,7 @@ template <typename W, typename O>
 ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                     const ffi::AnyBuffer& w, ffi::AnyBuffer& out,
                     const Batch& batch, int64_t M, int64_t K, int64_t N,
-                    bool transposed) {
+                    bool transposed, int max_threads) {
   const int64_t Kp = transposed ? (K + kLanes - 1) / kLanes * kLanes : K;
   const int64_t rows = batch.x_count * M;
   std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
@@ -480,9 +215,11 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   };
   const int64_t bytes = K * N * static_cast<int64_t>(sizeof(W));
   if (batch.count == 1 || bytes >= kMinParallelBytes) {
-    for (int64_t t = 0; t < batch.count; ++t) Run(pool, problem(t));
+    for (int64_t t = 0; t < batch.count; ++t) {
+      Run(pool, problem(t), max_threads);
+    }
   } else {  // many small matrices: one per chunk
-    int threads = batch.count * bytes >= kMinParallelBytes ? NumThreads() : 1;
+    int threads = batch.count * bytes >= kMinParallelBytes ? max_threads : 1;
     if (pool.num_threads() <= 0) threads = 1;
     ParallelFor(pool, batch.count, threads,
                 [&](int64_t t) { RunColumns(problem(t), 0, N); });
@@ -534,7 +271,11 @@ ffi::Error Check(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
 }
 
 ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                ffi::Result<ffi::AnyBuffer> out, bool transposed) {
+                ffi::Result<ffi::AnyBuffer> out, int64_t threads,
+                bool transposed) {
+  if (threads < 0) {
+    return ffi::Error::InvalidArgument("rowmatmul: threads must be >= 0");
+  }
   Batch batch;
   int64_t M, K, N;
   if (ffi::Error e = Check(x, w, *out, transposed, &batch, &M, &K, &N);
@@ -542,25 +283,31 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
     return e;
   }
   if (M == 0 || N == 0 || batch.count == 0) return ffi::Error::Success();
+  const int n = NumThreads(threads);
   const bool w32 = w.element_type() == ffi::DataType::F32;
   const bool o32 = out->element_type() == ffi::DataType::F32;
   if (w32 && o32)
-    return Dispatch<float, float>(pool, x, w, *out, batch, M, K, N, transposed);
+    return Dispatch<float, float>(pool, x, w, *out, batch, M, K, N, transposed,
+                                  n);
   if (w32)
-    return Dispatch<float, uint16_t>(pool, x, w, *out, batch, M, K, N, transposed);
+    return Dispatch<float, uint16_t>(pool, x, w, *out, batch, M, K, N,
+                                     transposed, n);
   if (o32)
-    return Dispatch<uint16_t, float>(pool, x, w, *out, batch, M, K, N, transposed);
-  return Dispatch<uint16_t, uint16_t>(pool, x, w, *out, batch, M, K, N, transposed);
+    return Dispatch<uint16_t, float>(pool, x, w, *out, batch, M, K, N,
+                                     transposed, n);
+  return Dispatch<uint16_t, uint16_t>(pool, x, w, *out, batch, M, K, N,
+                                      transposed, n);
 }
 
 ffi::Error RowMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                     ffi::Result<ffi::AnyBuffer> out) {
-  return Impl(pool, x, w, out, /*transposed=*/false);
+                     ffi::Result<ffi::AnyBuffer> out, int64_t threads) {
+  return Impl(pool, x, w, out, threads, /*transposed=*/false);
 }
 
 ffi::Error RowMatmulNT(ffi::ThreadPool pool, ffi::AnyBuffer x,
-                       ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out) {
-  return Impl(pool, x, w, out, /*transposed=*/true);
+                       ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
+                       int64_t threads) {
+  return Impl(pool, x, w, out, threads, /*transposed=*/true);
 }
 
 }  // namespace
@@ -570,14 +317,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmul, RowMatmul,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmulNT, RowMatmulNT,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("threads"));
 
 // For the Python side's log line: which vector path this build uses.
 extern "C" const char* T5xSpeedRowMatmulIsa() { return kIsa; }

@@ -1,0 +1,217 @@
+"""Which implementation a traced pass's matmuls, gathers and scatters use.
+
+Every numerics choice of `t5x_speed.layers` is made here, from what is being
+traced:
+
+* Weight matmuls (`layers.Dense`, the tied classifier `layers.Embed.attend`).
+  Full-sequence passes (training, scoring, prefill) always use XLA's dot,
+  whatever their row count, so that their arithmetic is T5X's. A decode step
+  multiplies a few token rows by every weight matrix, where XLA:CPU packs the
+  weights for a GEMM and a few rows cost well over one weight read; there,
+  `DecodeNumerics.matmul` (the model's
+  `TransformerConfig.decode_matmul`) chooses:
+
+  - 'auto': the few-row kernel of `t5x_speed.rowmatmul` on a CPU backend
+    where it is built, else XLA's dot;
+  - 'kernel': the kernel; where it cannot be built or loaded, or the backend
+    is not a CPU, XLA's dot, logged once per process;
+  - 'xla': XLA's dot (the baseline of an A/B comparison).
+
+  The kernel computes each row alone, so SPEED's R-row products are
+  bit-identical to greedy's one-row ones. A decode step that does not use it
+  runs 2 to `MATVEC_MAX_ROWS` rows as one XLA GEMV per row when the weights
+  fit in the last-level cache: they are read from memory once and from cache
+  after, instead of packed for a GEMM.
+
+* Gathers and scatters of 16-bit floats (`layers.Embed`, `layers.write_cache`)
+  move the bits as uint16 in every pass: they only move values, and XLA:CPU
+  would convert the whole operand to float32 and back. Their derivative is
+  the plain gather's or scatter's.
+
+The one context is `decode_step`, entered by
+`network.SpeedTransformer.decode_step` and `speed_step` with the numerics of
+the model's config: it is read while tracing, so a compiled decode step keeps
+the numerics it was traced with, and two models differing only in their
+numerics are two programs.
+
+Example:
+  >>> with decode_step(DecodeNumerics(matmul='xla')):
+  ...   choose_matmul(rows=3, weight_elements=768 * 2048)
+  <Matmul.ROW_MATVECS: 'row_matvecs'>
+  >>> choose_matmul(rows=3, weight_elements=768 * 2048)  # not a decode step
+  <Matmul.XLA: 'xla'>
+"""
+
+import contextlib
+import contextvars
+import dataclasses
+import enum
+import functools
+import logging
+from typing import Callable, Iterator, Optional, Sequence
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from t5x_speed import rowmatmul
+
+Array = jax.Array
+
+# Values of `DecodeNumerics.matmul` (and `TransformerConfig.decode_matmul`).
+DECODE_MATMULS = ('auto', 'kernel', 'xla')
+
+# Per-row GEMVs: at most this many rows, and weights of at most this many
+# elements (16 MiB of float32, within a CPU's last-level cache).
+MATVEC_MAX_ROWS = 4
+MATVEC_MAX_WEIGHT_ELEMENTS = 4 * 1024 * 1024
+
+# Gathers and scatters move these dtypes as the unsigned integers of their
+# width.
+_MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
+              jnp.dtype(jnp.float16): jnp.dtype(jnp.uint16)}
+
+_log = logging.getLogger(__name__)
+
+
+def check_decode_matmul(value: str, name: str = 'decode_matmul') -> None:
+  """Raises ValueError, naming `name`, unless `value` is in DECODE_MATMULS."""
+  if not isinstance(value, str) or value not in DECODE_MATMULS:
+    raise ValueError(f'{name} must be one of {list(DECODE_MATMULS)}, got '
+                     f'{value!r}.')
+
+
+def check_kernel_threads(value: int, name: str = 'kernel_threads') -> None:
+  """Raises ValueError, naming `name`, unless `value` is an integer >= 0."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f'{name} must be an integer >= 0 (0: one per core), got '
+                     f'{value!r}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeNumerics:
+  """How one decode step's weight matmuls run.
+
+  Attributes:
+    matmul: 'auto', 'kernel' or 'xla' (see the module docstring).
+    kernel_threads: threads one kernel call uses, 0 for one per core. A
+      traced constant of the step; results do not depend on it.
+  """
+
+  matmul: str = 'auto'
+  kernel_threads: int = 0
+
+  def __post_init__(self):
+    check_decode_matmul(self.matmul, 'DecodeNumerics.matmul')
+    check_kernel_threads(self.kernel_threads, 'DecodeNumerics.kernel_threads')
+
+
+_DECODE_STEP = contextvars.ContextVar('t5x_speed_decode_step', default=None)
+
+
+@contextlib.contextmanager
+def decode_step(numerics: DecodeNumerics) -> Iterator[None]:
+  """Marks what is traced inside as one decode step run with `numerics`."""
+  if not isinstance(numerics, DecodeNumerics):
+    raise TypeError(f'numerics must be a DecodeNumerics, got {numerics!r}.')
+  token = _DECODE_STEP.set(numerics)
+  try:
+    yield
+  finally:
+    _DECODE_STEP.reset(token)
+
+
+def decode_numerics() -> Optional[DecodeNumerics]:
+  """The numerics of the decode step being traced; None outside one."""
+  return _DECODE_STEP.get()
+
+
+class Matmul(enum.Enum):
+  """Implementations of a weight matmul."""
+
+  XLA = 'xla'                  # one XLA dot over all rows
+  ROW_MATVECS = 'row_matvecs'  # one XLA dot per row
+  KERNEL = 'kernel'            # `kernel_matmul`
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_needs_cpu_notice(platform: str) -> None:
+  _log.warning('t5x_speed: decode_matmul=\'kernel\' needs the CPU backend, '
+               'not %s; using XLA\'s dot.', platform)
+
+
+def _kernel_runs(matmul: str) -> bool:
+  """Whether a decode step with `matmul` uses the kernel (logs why not)."""
+  if matmul == 'xla':
+    return False
+  platform = jax.default_backend()
+  if platform != 'cpu':
+    if matmul == 'kernel':
+      _kernel_needs_cpu_notice(platform)  # once per process
+    return False
+  return rowmatmul.available()  # a build failure is logged once
+
+
+def choose_matmul(rows: int, weight_elements: int) -> Matmul:
+  """The implementation of a weight matmul over `rows` rows, as traced now.
+
+  Args:
+    rows: rows of activations (the product of the leading axes).
+    weight_elements: elements of the weight matrix as multiplied.
+
+  Returns:
+    `Matmul.XLA` outside a decode step; inside one, as the module docstring
+    describes.
+  """
+  numerics = decode_numerics()
+  if numerics is None or rows < 1:
+    return Matmul.XLA
+  if rows <= rowmatmul.MAX_ROWS and _kernel_runs(numerics.matmul):
+    return Matmul.KERNEL
+  if (1 < rows <= MATVEC_MAX_ROWS and
+      weight_elements <= MATVEC_MAX_WEIGHT_ELEMENTS and
+      jax.default_backend() == 'cpu'):
+    return Matmul.ROW_MATVECS
+  return Matmul.XLA
+
+
+def kernel_matmul(x: Array, w: Array, *, transpose_w: bool = False,
+                  cols: Optional[int] = None) -> Array:
+  """`rowmatmul.matmul` with the threads of the decode step being traced."""
+  numerics = decode_numerics() or DecodeNumerics()
+  return rowmatmul.matmul(x, w, transpose_w=transpose_w, cols=cols,
+                          threads=numerics.kernel_threads)
+
+
+def move_values(move: Callable[..., Array], values: Sequence[Array],
+                *indices: Array) -> Array:
+  """`move(*values, *indices)` for a `move` that only moves values.
+
+  Args:
+    move: a gather or scatter, linear in `values` (e.g. `lambda t, i: t[i]`).
+    values: the arrays whose elements are moved, all of one dtype.
+    *indices: the other (integer) operands.
+
+  Returns:
+    What `move` returns. 16-bit floats are moved as their bits, with the
+    derivative of `move` itself.
+  """
+  dtype = jnp.dtype(values[0].dtype)
+  bits = _MOVE_BITS.get(dtype)
+  if bits is None:
+    return move(*values, *indices)
+
+  @jax.custom_jvp
+  def moved(values, indices):
+    out = move(*(lax.bitcast_convert_type(v, bits) for v in values), *indices)
+    return lax.bitcast_convert_type(out, dtype)
+
+  @moved.defjvp
+  def moved_jvp(primals, tangents):
+    values, indices = primals
+    # The derivative of `move` on the values themselves: JAX's own rule,
+    # which stays transposable where a scatter's indices may repeat.
+    _, tangent = jax.jvp(lambda *v: move(*v, *indices), values, tangents[0])
+    return moved(values, indices), tangent
+
+  return moved(tuple(values), tuple(indices))
