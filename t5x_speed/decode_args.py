@@ -193,7 +193,7 @@ def validate(inputs, initial_index, max_decode_steps, eos_id,
 
 
 def check_token_range(inputs: Array, vocab_size: int,
-                      lengths: Optional[Array] = None):
+                      lengths: Optional[Array] = None, name: str = 'inputs'):
   """Raises ValueError if concrete `inputs` hold ids outside [0, vocab_size).
 
   Args:
@@ -201,21 +201,50 @@ def check_token_range(inputs: Array, vocab_size: int,
     vocab_size: the vocabulary size.
     lengths: optional [batch]: only `inputs[b, :lengths[b]]` is checked (the
       padding after a prompt is not).
+    name: the argument the error names.
   """
   if not is_concrete(inputs, lengths) or not np.size(inputs):
     return
   values = np.asarray(inputs)
   if not np.issubdtype(values.dtype, np.integer):
-    raise ValueError(f'token ids must be integers, got dtype {values.dtype}.')
+    raise ValueError(f'{name} must hold integer token ids, got dtype '
+                     f'{values.dtype}.')
   mask = np.ones(values.shape, bool)
   if lengths is not None:
     mask = np.arange(values.shape[-1])[None, :] < np.asarray(lengths)[:, None]
   rows, cols = np.nonzero(mask & ((values < 0) | (values >= vocab_size)))
   if rows.size:
     raise ValueError(
-        f'inputs holds token id {int(values[rows[0], cols[0]])} at '
+        f'{name} holds token id {int(values[rows[0], cols[0]])} at '
         f'[{rows[0]}, {cols[0]}] (and {rows.size - 1} more), outside the '
         f'vocabulary [0, {vocab_size}).')
+
+
+def check_prng_key(name: str, key: Any) -> None:
+  """Checks that `key` is None or one PRNG key, before JAX's own error.
+
+  Accepts a typed key (`jax.random.key`, shape []) and a raw key
+  (`jax.random.PRNGKey`: uint32 of the default implementation's key shape,
+  [2] for threefry); concrete or traced, only shape and dtype are read.
+
+  Raises:
+    ValueError: naming `name`, for anything else (an int seed, a batch of
+      keys, another dtype).
+  """
+  if key is None:
+    return
+  dtype, shape = getattr(key, 'dtype', None), getattr(key, 'shape', None)
+  raw_shape = jax.eval_shape(jax.random.PRNGKey, 0).shape
+  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if shape == ():
+      return
+  elif dtype == jnp.uint32 and shape == raw_shape:
+    return
+  got = (repr(key) if shape is None else
+         f'an array of shape {tuple(shape)} and dtype {dtype}')
+  raise ValueError(
+      f'{name} must be one PRNG key: jax.random.PRNGKey(seed) (uint32 '
+      f'{list(raw_shape)}) or jax.random.key(seed), got {got}.')
 
 
 def shape_of(tree):
@@ -258,10 +287,11 @@ def check_greedy_params(fn_name: str, temperature: Any = 0.0, topk: Any = 1,
     raise ValueError(
         f'{fn_name} decodes greedily, token for token, but temperature='
         f'{temperature}, topk={topk}, topp={topp} would sample. Sample with '
-        '`sampling.speed_sample_decode` (t5x_speed/gin/decoding/speed_sample.gin; '
-        'exact SPEED sampling) or `sampling.sample_decode`, or with T5X\'s '
-        'temperature_sample (t5x_speed/gin/decoding/sample.gin); or leave temperature '
-        'at 0 or topk at 1.')
+        '`sampling.speed_sample_decode` (exact SPEED sampling; '
+        't5x_speed/gin/decoding/speed_sample.gin) or '
+        '`sampling.sample_decode`, or with T5X\'s temperature_sample '
+        '(t5x_speed/gin/decoding/sample.gin); or leave temperature at 0 or '
+        'topk at 1.')
   return apply_hard_limit(max_decode_steps, max_decode_steps_hard_limit)
 
 

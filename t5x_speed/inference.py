@@ -42,9 +42,9 @@ Array = jax.Array
 # float32 wherever that is convenient (a fused chain of ops, a convert pair
 # it folds), and where it does so depends on the program, so greedy's one-row
 # graph and SPEED's R-row graph round bf16 activations at different places
-# and can disagree at near-ties even with the row-independent kernel (the
-# fuzz measures how often). Rounding every bf16 value as the program says
-# made bf16 SPEED's tokens greedy's in every fuzz row on the kernel. float32
+# and can disagree at near-ties even with the row-independent kernel.
+# Rounding every bf16 value as the program says keeps the two programs'
+# roundings alike (tools/fuzz.py checks bf16 SPEED against greedy). float32
 # is unaffected. A jit outside this package (T5X's) gets the same with
 # XLA_FLAGS=--xla_allow_excess_precision=false.
 COMPILER_OPTIONS = {'xla_allow_excess_precision': False}
@@ -136,20 +136,26 @@ def _generate(module, params, prompts, prompt_lengths, temperature, topp,
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional)
   decode_fn = DECODE_FNS[method]
-  pipelined = steps.uses_pipeline(decode_fn)
-  if pipelined:
-    decode_fn = functools.partial(decode_fn, record_schedule=record_schedule)
   sampling_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
                        topp=topp) if method in SAMPLING_METHODS else {}
-  out = decode_fn(**bound.decode_fn_kwargs(decode_fn, inputs, cache,
-                                           prompt_lengths),
-                  eos_id=eos_id, max_decode_steps=max_decode_steps,
-                  **sampling_args)
-  decodes, scores = out[:2]
-  stats = out[2] if pipelined else None
-  schedule = out[3] if record_schedule and pipelined else None
-  return Generation(produced_tokens(decodes, prompt_lengths, max_decode_steps),
-                    scores[:, 0], stats, schedule)
+  result = decoding.decode(
+      decode_fn, record_schedule=record_schedule,
+      **bound.decode_fn_kwargs(decode_fn, inputs, cache, prompt_lengths),
+      eos_id=eos_id, max_decode_steps=max_decode_steps, **sampling_args)
+  return Generation(
+      produced_tokens(result.sequences, prompt_lengths, max_decode_steps),
+      result.scores[:, 0], result.stats, result.schedule)
+
+
+def _host_array(name: str, x: Any) -> np.ndarray:
+  """`x` as a NumPy array; a ragged nested list raises naming `name`."""
+  try:
+    return np.asarray(x)
+  except ValueError as e:
+    raise ValueError(
+        f'{name} must be a rectangular array, got rows of different lengths '
+        f'({e}). Right-pad the prompts with 0 to one length P and give each '
+        'prompt\'s length in prompt_lengths.') from e
 
 
 def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
@@ -159,9 +165,9 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
              record_schedule: bool = False,
              speculative_vocab_size: Optional[int] = None,
              check_params: bool = False,
-             temperature: float = 1.0,
-             topk: int = 0,
-             topp: float = 0.0,
+             temperature: Optional[float] = None,
+             topk: Optional[int] = None,
+             topp: Optional[float] = None,
              rng: Optional[Array] = None) -> Generation:
   """Greedy, SPEED or sampled generation from right-padded prompts (jitted).
 
@@ -188,29 +194,45 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     check_params: first check that `params` are finite (`check_finite`), a
       pass over the weights; non-finite weights otherwise give token 0
       repeated with NaN scores.
-    temperature: sampling methods: temperature >= 0 (0: greedy).
-    topk: sampling methods: sample among the topk most likely tokens (0:
-      all).
-    topp: sampling methods: sample among the smallest set of most likely
-      tokens of mass >= topp (0: off); at most one of topk and topp.
-    rng: sampling methods: the PRNG key; None means PRNGKey(0).
+    temperature: sampling methods only: temperature >= 0 (0: greedy); None
+      means 1.
+    topk: sampling methods only: sample among the topk most likely tokens
+      (None or 0: all).
+    topp: sampling methods only: sample among the smallest set of most
+      likely tokens of mass >= topp (None or 0: off); at most one of topk
+      and topp.
+    rng: the PRNG key of the sampling methods, raw (`jax.random.PRNGKey`) or
+      typed (`jax.random.key`); None means PRNGKey(0). The greedy methods
+      ignore it.
 
   Returns:
     A `Generation`; for sampling methods `scores` are the log-probabilities
     under the tempered, filtered distribution (T5X's convention).
 
   Raises:
-    ValueError: an argument outside the range above, naming it.
+    ValueError: an argument outside the range above, naming it; also a
+      sampling setting (temperature, topk, topp) given to a greedy method.
   """
   if method not in METHODS:
     raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
+  settings = dict(temperature=temperature, topk=topk, topp=topp)
+  given = {k: v for k, v in settings.items() if v is not None}
+  if method not in SAMPLING_METHODS and given:
+    raise ValueError(
+        f'generate(method={method!r}) decodes greedily, token for token, but '
+        f'{", ".join(f"{k}={v!r}" for k, v in given.items())} would sample: '
+        f'temperature, topk and topp are taken by the sampling methods '
+        f'{SAMPLING_METHODS}. Sample with method=\'speed_sample\' (exact '
+        'SPEED sampling) or \'sample\', or leave them unset.')
+  decode_args.check_prng_key('rng', rng)
   if any(isinstance(x, jax.core.Tracer) for x in (prompts, prompt_lengths)):
     raise ValueError(
         'generate checks prompts and prompt_lengths on the host and jits '
         'itself: call it with concrete arrays, outside jax.jit (inside jit, '
         'use decoding.speed_decode / greedy_decode, which flag bad traced '
         'inputs as invalid examples).')
-  prompts, prompt_lengths = np.asarray(prompts), np.asarray(prompt_lengths)
+  prompts = _host_array('prompts', prompts)
+  prompt_lengths = _host_array('prompt_lengths', prompt_lengths)
   for name, x in (('prompts', prompts), ('prompt_lengths', prompt_lengths)):
     if not np.issubdtype(x.dtype, np.integer):
       raise ValueError(f'{name} must hold integers, got dtype {x.dtype}.')
@@ -230,13 +252,15 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
   speculative_vocab_size = decode_args.check_speculative_vocab_size(
       speculative_vocab_size)
   decoding.check_token_range(prompts, module.config.vocab_size,
-                             prompt_lengths)
+                             prompt_lengths, name='prompts')
   if check_params:
     check_finite(params)
   if record_schedule and not steps.uses_pipeline(DECODE_FNS[method]):
     raise ValueError(f'record_schedule needs a SPEED method, got {method!r}.')
+  topp = 0.0 if topp is None else topp
   temperature, topk, _ = sampling.check_settings(
-      'generate', 1, temperature, topk, topp)
+      'generate', 1, 1.0 if temperature is None else temperature,
+      0 if topk is None else topk, topp)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   return _generate(module, params, jnp.asarray(prompts, jnp.int32),
                    jnp.asarray(prompt_lengths, jnp.int32), temperature[0],

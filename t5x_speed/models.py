@@ -5,11 +5,13 @@ A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
 * `loss_fn` trains every exit with the weighted multi-exit loss and logs
   per-exit loss, accuracy and consecutive-exit flip rate as CLU metrics;
 * `predict_batch_with_aux` prefills one cache per virtual layer and calls the
-  configured decode fn: `decoding.speed_decode` gets the pipelined SPEED step
-  (and its statistics land in the aux dict), `decoding.greedy_decode` the
-  full-depth step, and any other decode fn (T5X's `beam_search`,
-  `temperature_sample`, ...) the full-depth step over the cache in T5X's form
-  (`steps.to_t5x_cache`), which T5X's beam expansion and reordering handle;
+  configured decode fn: SPEED (`decoding.speed_decode`, and SPEED sampling,
+  `sampling.speed_sample_decode`) gets the pipelined step (and its
+  statistics land in the aux dict), `decoding.greedy_decode` and
+  `sampling.sample_decode` the full-depth step, and any other decode fn
+  (T5X's `beam_search`, `temperature_sample`, ...) the full-depth step over
+  the cache in T5X's form (`steps.to_t5x_cache`), which T5X's beam expansion
+  and reordering handle;
 * `score_batch` scores with the final exit, or with every exit;
 * `write_inferences_with_speed_statistics`, a `t5x.infer` write_fn, also
   writes SPEED's statistics over each written chunk as metrics.
@@ -192,10 +194,11 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     """Decodes the targets after each prompt; SPEED statistics go in aux.
 
     As `t5x.models.DecoderOnlyModel.predict_batch_with_aux`; the decode fn
-    gets the model's steps from `steps.BoundSteps.decode_fn_kwargs`. A decode
-    fn taking `pipeline_step_fn` (SPEED) also gets the pipelined step, the
-    stage count and initial carry, and returns `SpeedStats`, reported per
-    example as aux['speed/<field>']. Decode fns other than ours (e.g.
+    gets the model's steps from `steps.BoundSteps.decode_fn_kwargs` and runs
+    through `decoding.decode`. A pipelined decode fn (SPEED, SPEED sampling)
+    also gets the pipelined step, the stage count and initial carry, and
+    its `SpeedStats` are reported per example as aux['speed/<field>'].
+    Decode fns other than ours (e.g.
     `t5x.decoding.beam_search`, `temperature_sample` with `num_decodes > 1`)
     get the cache in T5X's form with `cache_offset=steps.CACHE_OFFSET` and a
     full-depth step that keeps positions in the cache (see `steps`).
@@ -220,19 +223,19 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
                          "decoder_params['decode_rng']; pass only one.")
       decoder_params['decode_rng'] = rng
     decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
-    outputs = self._decode_fn(
-        num_decodes=num_decodes,
+    result = decoding.decode(
+        self._decode_fn, num_decodes=num_decodes,
         **self._bound(params).decode_fn_kwargs(self._decode_fn, inputs, cache,
                                                initial_index),
         **decoder_params)
-    decodes, scores = outputs[:2]
+    decodes, scores = result.sequences, result.scores
     if return_all_decodes:
       aux = {'scores': scores}
     else:
       decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
-    if steps.uses_pipeline(self._decode_fn):
-      for field in dataclasses.fields(outputs[2]):
-        aux[f'speed/{field.name}'] = getattr(outputs[2], field.name)
+    if result.stats is not None:
+      for field in dataclasses.fields(result.stats):
+        aux[f'speed/{field.name}'] = getattr(result.stats, field.name)
     return t5x_models.remove_prefix(decodes, initial_index), aux
 
 
@@ -241,8 +244,8 @@ def write_inferences_with_speed_statistics(
     summary_dir: Optional[str] = None, **kwargs) -> None:
   """T5X's `write_inferences_to_file`, plus SPEED's statistics as metrics.
 
-  A `t5x.infer` write_fn (t5x_speed/gin/runs/infer.gin binds it): after writing the
-  predictions of a chunk as T5X does, sums the per-example
+  A `t5x.infer` write_fn (t5x_speed/gin/runs/infer.gin binds it): after
+  writing the predictions of a chunk as T5X does, sums the per-example
   aux['speed/...'] counters of 'predict_with_aux' mode over the chunk
   (`decoding.SpeedStats.summary`: steps per token, flushes, flip rate per
   stage, occupancy), logs them, appends them with the chunk's file name to
@@ -257,7 +260,7 @@ def write_inferences_with_speed_statistics(
   """
   from t5x import infer as t5x_infer  # pylint: disable=g-import-not-at-top
   # T5X's writer indexes every aux value once per example: on jax.Arrays
-  # each index is a dispatched op (~0.5 ms), on NumPy arrays a view.
+  # each index is a dispatched op, on NumPy arrays a view.
   predictions, aux = inferences
   inferences = (predictions, jax.tree.map(np.asarray, aux))
   t5x_infer.write_inferences_to_file(output_fname, inferences, task_ds, mode,

@@ -1,4 +1,4 @@
-r"""Exact SPEED sampling: temperature, top-k and top-p with position-keyed noise.
+r"""Exact SPEED sampling: temperature, top-k, top-p, position-keyed noise.
 
 T5X's `temperature_sample` splits its RNG at every loop step, so a token's
 randomness depends on when it is computed. Here the randomness of the token
@@ -44,9 +44,10 @@ Example (SPEED sampling equals sequential sampling, sample by sample):
   >>> inputs = jnp.array([[0, 3, 4, 0, 0, 0, 0, 0]])   # BOS, prompt, room
   >>> lengths = jnp.array([2])
   >>> cache = bound.prefill(inputs, lengths)
-  >>> decodes = {fn.__name__: fn(
-  ...     **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
-  ...     decode_rng=jax.random.PRNGKey(7), temperature=1.0, num_decodes=3)[0]
+  >>> decodes = {fn.__name__: decoding.decode(
+  ...     fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
+  ...     decode_rng=jax.random.PRNGKey(7), temperature=1.0,
+  ...     num_decodes=3).sequences
   ...            for fn in (sample_decode, speed_sample_decode)}
   >>> decodes['sample_decode'].shape
   (1, 3, 8)
@@ -65,6 +66,9 @@ import numpy as np
 
 from t5x_speed import decode_args
 from t5x_speed import decoding
+from t5x_speed import sequential_loop
+from t5x_speed import speed_loop
+from t5x_speed import token_rules
 
 Array = jax.Array
 # T5X's: at or below this temperature a row decodes greedily.
@@ -73,7 +77,7 @@ MIN_TEMPERATURE = decode_args.MIN_TEMPERATURE
 
 @flax.struct.dataclass
 class PositionKeyedSampler:
-  """A `decoding.TokenRule` sampling each (row, position) with its own noise.
+  """A `token_rules.TokenRule` sampling each (row, position) with its own noise.
 
   Attributes:
     row_keys: [rows] PRNG keys, one per decoded row (example and decode
@@ -121,9 +125,9 @@ class PositionKeyedSampler:
 
   def tokens(self, logits: Array, positions: Array) -> Array:
     """Sampled tokens [rows, S] from logits [rows, S, vocab]."""
-    sampled = decoding.argmax(self.filtered(logits) +
-                              self.noise(positions, logits.shape[-1]))
-    greedy = decoding.argmax(logits)
+    sampled = token_rules.argmax(self.filtered(logits) +
+                                 self.noise(positions, logits.shape[-1]))
+    greedy = token_rules.argmax(logits)
     hot = self.temperature > MIN_TEMPERATURE
     return jnp.where(hot[:, None], sampled, greedy).astype(jnp.int32)
 
@@ -143,8 +147,8 @@ def topp_filter(logits: Array, topp: Array) -> Array:
   [..., vocab] -> [..., vocab]. The cut, the largest probability t with
   mass(probabilities >= t) >= topp, is found exactly by bisection over the
   bits of a non-negative float32 (31 masked sums over the vocabulary), as
-  T5X's `binary_search.topp_mask` does: on a CPU a sort of 32k logits costs
-  ten times more.
+  T5X's `binary_search.topp_mask` does: cheaper on a CPU than sorting the
+  vocabulary.
   """
   probs = jax.nn.softmax(logits, -1)
 
@@ -249,6 +253,17 @@ def _sorted(sequences: Array, scores: Array, batch: int,
           jnp.take_along_axis(scores, order, -1))
 
 
+def _per_example(stats: speed_loop.SpeedStats, batch: int,
+                 num_decodes: int) -> speed_loop.SpeedStats:
+  """Stats of the batch * num_decodes rows -> one row per example: the
+  counters summed over its decodes, the invalid flags or-ed."""
+  split = lambda x: x.reshape((batch, num_decodes) + x.shape[1:])
+  summed = jax.tree.map(lambda x: split(x).sum(1), stats)
+  return summed.replace(invalid=lax.reduce(
+      split(stats.invalid), np.int32(0), lax.bitwise_or, (1,)))
+
+
+@decoding.declare_decode_fn(pipelined=False)
 def sample_decode(inputs: Array,
                   cache: Any,
                   tokens_to_logits,
@@ -273,7 +288,8 @@ def sample_decode(inputs: Array,
     cache: cache prefilled for positions < initial_index.
     tokens_to_logits: `DecodingState` -> (logits [rows, vocab], new cache).
     eos_id: end-of-sequence id, an integer or [batch] integers.
-    decode_rng: PRNG key; None means PRNGKey(0), as in T5X.
+    decode_rng: PRNG key, raw (`jax.random.PRNGKey`) or typed
+      (`jax.random.key`); None means PRNGKey(0), as in T5X.
     num_decodes: samples per example (>= 1).
     temperature: >= 0, a number or [batch].
     topk: sample among the topk most likely tokens; 0 for all.
@@ -292,25 +308,32 @@ def sample_decode(inputs: Array,
   Returns:
     (decodes [batch, num_decodes, length], log_probs [batch, num_decodes]),
     each example's samples by increasing log-probability; NaN for an invalid
-    example (see `decoding`).
+    example (see `decoding`). `decoding.decode` returns them as a
+    `decoding.DecodeResult` (no stats).
 
   Raises:
-    ValueError: for bad arguments (see `decoding`), a negative temperature,
-      a traced or negative topk, topp outside [0, 1], or both set.
+    ValueError: for bad arguments (see `decoding`), a decode_rng that is not
+      a PRNG key, a negative temperature, a traced or negative topk, topp
+      outside [0, 1], or both set.
   """
+  decode_args.check_prng_key('decode_rng', decode_rng)
   max_decode_steps = decode_args.apply_hard_limit(
       max_decode_steps, max_decode_steps_hard_limit)
-  checked = decoding.check_sequential(inputs, cache, tokens_to_logits,
-                                      initial_index, max_decode_steps, eos_id,
-                                      cache_offset)
+  checked = sequential_loop.check_sequential(
+      inputs, cache, tokens_to_logits, initial_index, max_decode_steps,
+      eos_id, cache_offset)
   x = _sampler_and_expand('sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs)
-  sequences, scores = decoding.sequential_loop(
+  sequences, scores = sequential_loop.sequential_loop(
       x.inputs, x.cache, tokens_to_logits, x.checked, x.sampler)
-  return _sorted(sequences, scores, inputs.shape[0], num_decodes)
+  sequences, scores = _sorted(sequences, scores, inputs.shape[0],
+                              num_decodes)
+  return decoding.respond(decoding.DecodeResult(sequences=sequences,
+                                                scores=scores))
 
 
+@decoding.declare_decode_fn(pipelined=True)
 def speed_sample_decode(inputs: Array,
                         cache: Any,
                         tokens_to_logits=None,
@@ -328,11 +351,10 @@ def speed_sample_decode(inputs: Array,
                         rescale_log_probs: bool = True,
                         *,
                         pipeline_step_fn: Optional[
-                            decoding.PipelineStepFn] = None,
+                            speed_loop.PipelineStepFn] = None,
                         num_stages: Optional[int] = None,
-                        initial_carry: Optional[Array] = None,
-                        return_stats: bool = False,
-                        record_schedule: bool = False):
+                        initial_carry: Optional[Array] = None
+                        ) -> Tuple[Array, Array]:
   """SPEED sampling: `sample_decode`'s output from SPEED's pipeline.
 
   The pipeline of `decoding.speed_decode`, each stage sampling its token's
@@ -345,40 +367,35 @@ def speed_sample_decode(inputs: Array,
     tokens_to_logits: unused; accepted so T5X can pass it.
     pipeline_step_fn, num_stages, initial_carry: as `decoding.speed_decode`
       (`steps.BoundSteps.decode_fn_kwargs` supplies them).
-    return_stats: also return `decoding.SpeedStats`, one row per example,
-      summed over its num_decodes samples.
-    record_schedule: also return the `decoding.SpeedSchedule`, whose rows
-      are the batch * num_decodes decoded rows (example-major).
 
   Returns:
-    As `sample_decode`, followed by the `SpeedStats` if `return_stats` and
-    the `SpeedSchedule` if `record_schedule`.
+    As `sample_decode`. `decoding.decode` returns them as a
+    `decoding.DecodeResult` with the `SpeedStats`, one row per example
+    summed over its num_decodes samples, and the `SpeedSchedule` when asked
+    to record it, whose rows are the batch * num_decodes decoded rows
+    (example-major).
 
   Raises:
     ValueError: as `sample_decode` and `decoding.speed_decode`.
   """
   del tokens_to_logits
+  decode_args.check_prng_key('decode_rng', decode_rng)
   max_decode_steps = decode_args.apply_hard_limit(
       max_decode_steps, max_decode_steps_hard_limit)
-  stages, initial_carry, checked = decoding.check_pipeline(
+  stages, initial_carry, checked = speed_loop.check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
-      initial_index, max_decode_steps, eos_id, cache_offset)
+      initial_index, max_decode_steps, eos_id, cache_offset,
+      fn_name='speed_sample_decode')
   x = _sampler_and_expand('speed_sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs)
-  final, scores = decoding.pipelined_loop(
+  final, scores = speed_loop.pipelined_loop(
       x.inputs, x.cache, pipeline_step_fn, stages,
-      x.repeat(initial_carry), x.checked, x.sampler, record_schedule)
-  outputs = _sorted(final.sequences, scores, inputs.shape[0], num_decodes)
-  if return_stats:
-    # [rows, ...] -> [batch, num_decodes, ...]: counters summed per example,
-    # the invalid flags or-ed.
-    per_example = lambda x: x.reshape((inputs.shape[0], num_decodes) +
-                                      x.shape[1:])
-    stats = jax.tree.map(lambda x: per_example(x).sum(1), final.stats)
-    outputs += (stats.replace(invalid=lax.reduce(
-        per_example(final.stats.invalid), np.int32(0), lax.bitwise_or,
-        (1,))),)
-  if record_schedule:
-    outputs += (final.schedule,)
-  return outputs
+      x.repeat(initial_carry), x.checked, x.sampler,
+      decoding.schedule_requested())
+  sequences, scores = _sorted(final.sequences, scores, inputs.shape[0],
+                              num_decodes)
+  return decoding.respond(decoding.DecodeResult(
+      sequences=sequences, scores=scores,
+      stats=_per_example(final.stats, inputs.shape[0], num_decodes),
+      schedule=final.schedule))

@@ -7,20 +7,26 @@ decode fn expects (`decode_fn_kwargs`). `models.SpeedDecoderOnlyModel`,
 `inference.generate`, the benchmark, the fuzz runner and the tests all go
 through it.
 
+What a decode fn gets follows what it declares (`decoding.decode_fn_spec`):
+a pipelined one (`decoding.speed_decode`, `sampling.speed_sample_decode`)
+also gets SPEED's pipelined step, its stage count and initial carry.
+
 The cache: `network.KVCache` keeps, per pass position j, keys and values of
 shape [R, batch, heads, length, head_dim] (stage first, so SPEED's attention
-reads each stage's cache without a transpose). Our decode fns
-(`decoding.greedy_decode`, `decoding.speed_decode` and the samplers of
-`sampling`) take it as is, with `cache_offset=CACHE_OFFSET` (1), the batch
-axis of its leaves, where the samplers repeat it for `num_decodes > 1`; they
-pass each example's position in `DecodingState.cur_index`.
+reads each stage's cache without a transpose). Decode fns declaring
+`kv_cache` (`decoding.greedy_decode`, `decoding.speed_decode` and the
+samplers of `sampling`) take it as is, with `cache_offset=CACHE_OFFSET` (1),
+the batch axis of its leaves, where the samplers repeat it for
+`num_decodes > 1`; they pass each example's position in
+`DecodingState.cur_index`.
 
-T5X's decode fns (`t5x.decoding.beam_search`, `temperature_sample` with
-`num_decodes > 1`) instead reshape and reorder every cache leaf with
-`cache_map`, `flat_batch_beam_expand` and `cache_gather_beams`, which need a
-nested dict whose leaves hold the batch on axis `cache_offset`, and they keep
-positions in the cache (`beam_search` passes its scalar loop counter as
-`cur_index`). `to_t5x_cache` gives them the same arrays, unmoved, as
+Decode fns that declare nothing, T5X's (`t5x.decoding.beam_search`,
+`temperature_sample` with `num_decodes > 1`), instead reshape and reorder
+every cache leaf with `cache_map`, `flat_batch_beam_expand` and
+`cache_gather_beams`, which need a nested dict whose leaves hold the batch on
+axis `cache_offset`, and they keep positions in the cache (`beam_search`
+passes its scalar loop counter as `cur_index`). `to_t5x_cache` gives them the
+same arrays, unmoved, as
 
   {'layers_j': {'cached_key': keys[j], 'cached_value': values[j]}, ...,
    'cache_index': [1, batch] next position of each example}
@@ -42,8 +48,6 @@ Example:
 """
 
 import dataclasses
-import functools
-import inspect
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import jax
@@ -52,7 +56,6 @@ import jax.numpy as jnp
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
-from t5x_speed import sampling
 
 Array = jax.Array
 # (tokens [B], positions [B], cache) -> (logits [B, vocab], cache)
@@ -62,7 +65,8 @@ DecodeStepFn = Callable[[Array, Array, network.KVCache],
 # Axis of the batch in every leaf of the T5X-style cache.
 CACHE_OFFSET = 1
 # Logical axes of a `KVCache` leaf, [R, batch, heads, length, head_dim], for
-# T5X's partitioning rules (all in `t5x.partitioning.standard_logical_axis_rules`).
+# T5X's partitioning rules (all in
+# `t5x.partitioning.standard_logical_axis_rules`).
 CACHE_AXES = ('layers', 'batch', 'heads', 'length', 'kv')
 INDEX = 'cache_index'
 
@@ -135,30 +139,19 @@ def t5x_tokens_to_logits(decode_step: DecodeStepFn):
 
 
 def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
-  """Whether `decode_fn` takes SPEED's pipelined step (`pipeline_step_fn`)."""
-  try:
-    return 'pipeline_step_fn' in inspect.signature(decode_fn).parameters
-  except (TypeError, ValueError):
-    return False
+  """Whether `decode_fn` declares that it takes SPEED's pipelined step."""
+  spec = decoding.decode_fn_spec(decode_fn)
+  return spec is not None and spec.pipelined
 
 
 def takes_kv_cache(decode_fn: Callable[..., Any]) -> bool:
-  """Whether `decode_fn` is one of ours, which take the `network.KVCache`.
+  """Whether `decode_fn` declares that it takes the `network.KVCache`.
 
-  Others (T5X's), unless they take SPEED's `pipeline_step_fn`, get the cache
-  as `to_t5x_cache` makes it. Partials and wrappers (gin's) are looked
-  through.
+  Others (T5X's) get the cache as `to_t5x_cache` makes it. Partials and
+  wrappers (gin's) are looked through (`decoding.decode_fn_spec`).
   """
-  fn = decode_fn
-  while True:
-    if isinstance(fn, functools.partial):
-      fn = fn.func
-    elif hasattr(fn, '__wrapped__'):
-      fn = fn.__wrapped__
-    else:
-      break
-  return fn in (decoding.greedy_decode, decoding.speed_decode,
-                sampling.sample_decode, sampling.speed_sample_decode)
+  spec = decoding.decode_fn_spec(decode_fn)
+  return spec is not None and spec.kv_cache
 
 
 def prefix_attention(initial_index: Array, length: int) -> Array:
@@ -192,16 +185,18 @@ class BoundSteps:
     >>> inputs = jnp.array([[0, 3, 4, 0, 0, 0, 0]])   # BOS, prompt, room
     >>> lengths = jnp.array([2])
     >>> cache = bound.prefill(inputs, lengths)
-    >>> outputs = {
-    ...     fn.__name__: fn(**bound.decode_fn_kwargs(fn, inputs, cache,
-    ...                                               lengths), eos_id=1)
+    >>> results = {
+    ...     fn.__name__: decoding.decode(
+    ...         fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths),
+    ...         eos_id=1)
     ...     for fn in (decoding.greedy_decode, decoding.speed_decode)}
-    >>> bool((outputs['greedy_decode'][0] == outputs['speed_decode'][0]).all())
+    >>> bool((results['greedy_decode'].sequences ==
+    ...       results['speed_decode'].sequences).all())
     True
     >>> sorted(bound.decode_fn_kwargs(decoding.speed_decode, inputs, cache,
     ...                               lengths))  # doctest: +NORMALIZE_WHITESPACE
     ['cache', 'cache_offset', 'initial_carry', 'initial_index', 'inputs',
-     'num_stages', 'pipeline_step_fn', 'return_stats', 'tokens_to_logits']
+     'num_stages', 'pipeline_step_fn', 'tokens_to_logits']
   """
 
   module: network.SpeedTransformer
@@ -260,27 +255,27 @@ class BoundSteps:
     """The model's arguments for `decode_fn`, after a prefill.
 
     Args:
-      decode_fn: SPEED (takes `pipeline_step_fn`), our greedy, or any of
-        T5X's decode fns.
+      decode_fn: a decode fn of this package (it declares what it takes,
+        `decoding.decode_fn_spec`), or any of T5X's.
       inputs: [batch, length] BOS-shifted prompts.
       cache: the prefilled `KVCache`.
       initial_index: [batch] prompt lengths.
 
     Returns:
       inputs, cache, initial_index, tokens_to_logits and cache_offset in the
-      form `decode_fn` takes them; for SPEED also pipeline_step_fn,
-      num_stages, initial_carry and return_stats=True. The caller adds
+      form `decode_fn` takes them; for a pipelined decode fn (SPEED) also
+      pipeline_step_fn, num_stages and initial_carry. The caller adds
       eos_id, limits and sampling parameters.
     """
     kwargs = dict(inputs=inputs, cache=cache, initial_index=initial_index,
                   tokens_to_logits=self.tokens_to_logits,
                   cache_offset=CACHE_OFFSET)
-    if uses_pipeline(decode_fn):
+    spec = decoding.decode_fn_spec(decode_fn)
+    if spec is not None and spec.pipelined:
       kwargs.update(pipeline_step_fn=self.pipeline_step,
                     num_stages=self.config.num_repeats,
-                    initial_carry=self.initial_carry(inputs.shape[0]),
-                    return_stats=True)
-    elif not takes_kv_cache(decode_fn):
+                    initial_carry=self.initial_carry(inputs.shape[0]))
+    if spec is None or not spec.kv_cache:
       kwargs.update(cache=to_t5x_cache(cache, initial_index),
                     tokens_to_logits=t5x_tokens_to_logits(self.decode_step),
                     cache_offset=CACHE_OFFSET)

@@ -23,9 +23,8 @@ def _decoders():
       'greedy': lambda **k: decoding.greedy_decode(inputs, None, to_logits, 1,
                                                    **k),
       'speed': lambda **k: decoding.speed_decode(
-          inputs, None, eos_id=1, pipeline_step_fn=step, num_stages=carry.shape[1] + 1,
-          initial_carry=carry,
-          **k),
+          inputs, None, eos_id=1, pipeline_step_fn=step,
+          num_stages=carry.shape[1] + 1, initial_carry=carry, **k),
   }
 
 
@@ -47,7 +46,7 @@ class DecodeParamsTest(parameterized.TestCase):
               dict(decode_rng=jax.random.PRNGKey(3)),
               dict(max_decode_steps_hard_limit=0)))
   def test_greedy_equivalent_parameters_decode_greedily(self, name, params):
-    decodes = _decoders()[name](**params)[0]
+    decodes, _ = _decoders()[name](**params)
     np.testing.assert_array_equal(decodes[0, 0], EXPECTED)
 
   @parameterized.parameters('greedy', 'speed')
@@ -57,7 +56,7 @@ class DecodeParamsTest(parameterized.TestCase):
                    dict(max_decode_steps=5, max_decode_steps_hard_limit=2),
                    dict(max_decode_steps=jnp.array([5]),
                         max_decode_steps_hard_limit=2)):
-      decodes = decode(**kwargs)[0]
+      decodes, _ = decode(**kwargs)
       expected = EXPECTED[:2] + [0] * 8
       if 'max_decode_steps' not in kwargs:  # no limit to cap: T5X ignores it
         expected = EXPECTED
@@ -73,7 +72,7 @@ class DecodeParamsTest(parameterized.TestCase):
   def test_traced_temperature_cannot_be_checked(self):
     decode = _decoders()['greedy']
     with self.assertRaisesRegex(ValueError, 'concrete temperature'):
-      jax.jit(lambda t: decode(temperature=t)[0])(0.0)
+      jax.jit(lambda t: decode(temperature=t))(0.0)
 
 
 if __name__ == '__main__':

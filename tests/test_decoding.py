@@ -1,6 +1,7 @@
 """SPEED decoding: the worked example, the traps, exactness against greedy."""
 
 import doctest
+import functools
 import re
 
 from absl.testing import absltest
@@ -40,15 +41,14 @@ def toy_pipeline(table, vocab=VOCAB):
   return pipeline_step_fn, tokens_to_logits, jnp.zeros((1, stages - 1, 1))
 
 
-def _speed(table, length, **kwargs):
+def _speed(table, length, **kwargs) -> decoding.DecodeResult:
   step, _, carry = toy_pipeline(table)
   inputs = jnp.zeros((1, length), jnp.int32)
-  return decoding.speed_decode(inputs, jnp.zeros(()), eos_id=1,
-                               pipeline_step_fn=step,
-                               num_stages=carry.shape[1] + 1,
-                               initial_carry=carry,
-                               return_stats=True, record_schedule=True,
-                               **kwargs)
+  return decoding.decode(decoding.speed_decode, record_schedule=True,
+                         inputs=inputs, cache=jnp.zeros(()), eos_id=1,
+                         pipeline_step_fn=step,
+                         num_stages=carry.shape[1] + 1, initial_carry=carry,
+                         **kwargs)
 
 
 def _parse_worked_example():
@@ -74,7 +74,8 @@ class WorkedExampleTest(absltest.TestCase):
     first[2] = 9
     rows = _parse_worked_example()
     self.assertLen(rows, 8)
-    decodes, _, stats, schedule = _speed([first, final, final], length=10)
+    result = _speed([first, final, final], length=10)
+    decodes, stats, schedule = result.sequences, result.stats, result.schedule
     self.assertEqual(int(schedule.num_steps), len(rows))
     for step, stages, commit, flush in rows:
       t = step - 1
@@ -97,10 +98,96 @@ class WorkedExampleTest(absltest.TestCase):
     self.assertEqual(stats.flushes[0].tolist(), [0, 1, 0])
 
 
+class DecodeResultTest(absltest.TestCase):
+  """T5X's (decodes, scores) from the decode fns; `decode`'s DecodeResult."""
+
+  TABLE = [[5, 6, 9, 8, 1, 0, 0, 0], [5, 6, 7, 8, 1, 0, 0, 0],
+           [5, 6, 7, 8, 1, 0, 0, 0]]
+  EXPECTED = [5, 6, 7, 8, 1, 0, 0, 0]
+
+  def setUp(self):
+    super().setUp()
+    step, to_logits, carry = toy_pipeline(self.TABLE)
+    self.kwargs = dict(inputs=jnp.zeros((1, 8), jnp.int32), cache=jnp.zeros(()),
+                       tokens_to_logits=to_logits, eos_id=1)
+    self.pipeline = dict(pipeline_step_fn=step, num_stages=3,
+                         initial_carry=carry)
+
+  def test_decode_fns_return_t5x_pairs_and_decode_the_whole_result(self):
+    greedy = decoding.greedy_decode(**self.kwargs)
+    speed = decoding.speed_decode(**self.kwargs, **self.pipeline)
+    greedy_decodes, _ = greedy
+    for out in (greedy, speed):
+      self.assertIsInstance(out, tuple)
+      self.assertLen(out, 2)
+      decodes, scores = out
+      self.assertEqual((decodes.shape, scores.shape), ((1, 1, 8), (1, 1)))
+      np.testing.assert_array_equal(decodes[0, 0], self.EXPECTED)
+    result = decoding.decode(decoding.speed_decode, **self.kwargs,
+                             **self.pipeline)
+    speed_decodes, speed_scores = speed
+    np.testing.assert_array_equal(result.sequences, speed_decodes)
+    np.testing.assert_array_equal(result.scores, speed_scores)
+    self.assertEqual(int(result.stats.num_tokens[0]), 5)
+    self.assertEqual(result.stats.flushes[0].tolist(), [0, 1, 0])
+    self.assertIsNone(result.schedule)
+    result = decoding.decode(decoding.greedy_decode, **self.kwargs)
+    np.testing.assert_array_equal(result.sequences, greedy_decodes)
+    self.assertIsNone(result.stats)
+    self.assertIsNone(result.schedule)
+    with self.assertRaisesRegex(ValueError, 'record_schedule needs a SPEED'):
+      decoding.decode(decoding.greedy_decode, record_schedule=True,
+                      **self.kwargs)
+
+  def test_decode_wraps_undeclared_decode_fns(self):
+    def t5x_like(**kwargs):   # declares nothing, as T5X's decode fns
+      del kwargs
+      return jnp.ones((1, 2, 8), jnp.int32), jnp.zeros((1, 2))
+
+    result = decoding.decode(t5x_like, **self.kwargs)
+    self.assertEqual(result.sequences.shape, (1, 2, 8))
+    self.assertEqual(result.scores.shape, (1, 2))
+    self.assertIsNone(result.stats)
+    self.assertIsNone(decoding.decode_fn_spec(t5x_like))
+    self.assertIsNone(decoding.decode_fn_spec(
+        functools.partial(t5x_like, eos_id=1)))
+    with self.assertRaisesRegex(ValueError, 'record_schedule'):
+      decoding.decode(t5x_like, record_schedule=True)
+
+  def test_declarations_resolve_through_partials_and_wrappers(self):
+    speed = decoding.DecodeFnSpec(pipelined=True, kv_cache=True)
+    greedy = decoding.DecodeFnSpec(pipelined=False, kv_cache=True)
+
+    @functools.wraps(decoding.speed_decode)
+    def wrapper(*args, **kwargs):   # as gin's configurable wraps it
+      return decoding.speed_decode(*args, **kwargs)
+
+    del wrapper.decode_fn_spec      # found through __wrapped__ instead
+    for fn, spec in (
+        (decoding.speed_decode, speed), (decoding.greedy_decode, greedy),
+        (functools.partial(decoding.speed_decode, max_decode_steps=2), speed),
+        (jax.tree_util.Partial(decoding.greedy_decode, eos_id=1), greedy),
+        (functools.partial(functools.partial(wrapper, eos_id=1)), speed)):
+      self.assertEqual(decoding.decode_fn_spec(fn), spec, fn)
+    # Arguments bound in a partial apply, and the result comes whole.
+    result = decoding.decode(
+        functools.partial(wrapper, max_decode_steps=2), record_schedule=True,
+        **self.kwargs, **self.pipeline)
+    np.testing.assert_array_equal(result.sequences[0, 0],
+                                  [5, 6, 0, 0, 0, 0, 0, 0])
+    self.assertEqual(int(result.stats.num_tokens[0]), 2)
+    self.assertGreater(int(result.schedule.num_steps), 2)
+
+
 class GenerateDocstringTest(absltest.TestCase):
 
   def test_inference_docstring_example(self):
     result = doctest.testmod(inference)
+    self.assertGreater(result.attempted, 0)
+    self.assertEqual(result.failed, 0)
+
+  def test_decoding_docstring_examples(self):
+    result = doctest.testmod(decoding)
     self.assertGreater(result.attempted, 0)
     self.assertEqual(result.failed, 0)
 
@@ -146,7 +233,8 @@ class ControlLogicTest(absltest.TestCase):
     final = [5, 6, 7, 8, 1, 0, 0, 0, 0, 0]
     first = [5, 4, 9, 8, 1, 0, 0, 0, 0, 0]
     middle = [5, 4, 3, 8, 1, 0, 0, 0, 0, 0]
-    decodes, _, stats, schedule = _speed([first, middle, final], length=10)
+    result = _speed([first, middle, final], length=10)
+    decodes, stats, schedule = result.sequences, result.stats, result.schedule
     np.testing.assert_array_equal(decodes[0, 0, :5], [5, 6, 7, 8, 1])
     self.assertEqual(schedule.flushes[3, 0].tolist(), [False, False, True])
     self.assertEqual(schedule.positions[4, 0].tolist(), [2, -1, -1])
@@ -157,7 +245,8 @@ class ControlLogicTest(absltest.TestCase):
     # After a flush a token and its restarted successor sit two stages apart.
     final = [5, 6, 7, 8, 9, 10, 1, 0, 0, 0, 0, 0]
     first = [5, 3, 7, 8, 9, 10, 1, 0, 0, 0, 0, 0]
-    decodes, _, _, schedule = _speed([first, final, final, final], length=12)
+    result = _speed([first, final, final, final], length=12)
+    decodes, schedule = result.sequences, result.schedule
     np.testing.assert_array_equal(decodes[0, 0, :7], [5, 6, 7, 8, 9, 10, 1])
     gaps = [schedule.positions[t, 0].tolist() for t in
             range(int(schedule.num_steps))]
@@ -166,14 +255,15 @@ class ControlLogicTest(absltest.TestCase):
   def test_only_a_final_stage_eos_ends(self):
     final = [5, 6, 7, 8, 1, 0, 0, 0, 0, 0]
     first = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]   # speculates EOS everywhere
-    decodes, _, stats, _ = _speed([first, first, final], length=10)
+    result = _speed([first, first, final], length=10)
+    decodes, stats = result.sequences, result.stats
     np.testing.assert_array_equal(decodes[0, 0, :6], [5, 6, 7, 8, 1, 0])
     self.assertEqual(int(stats.num_tokens[0]), 5)
 
   def test_length_limit(self):
     final = [5, 6, 7, 8, 9, 10, 11, 12, 3, 4]
-    decodes, _, stats, _ = _speed([final, final, final], length=10,
-                                  max_decode_steps=4)
+    result = _speed([final, final, final], length=10, max_decode_steps=4)
+    decodes, stats = result.sequences, result.stats
     np.testing.assert_array_equal(decodes[0, 0], [5, 6, 7, 8, 0, 0, 0, 0, 0, 0])
     self.assertEqual(int(stats.num_tokens[0]), 4)
     # No flushes: 4 tokens after R - 1 = 2 fill steps.

@@ -9,6 +9,7 @@ import doctest
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -46,15 +47,15 @@ def unchanged(row):
 
 
 def decode_fns(stages=R, width=1, **kwargs):
-  """{'greedy': f, 'speed': f}, f(inputs, **decode kwargs) -> (decodes, scores)."""
+  """{'greedy': f, 'speed': f}: f(inputs, **decode kwargs) -> T5X's
+  (decodes, scores)."""
   step, to_logits = constant_pipeline(stages=stages, width=width)
 
   def speed(inputs, **k):
     carry = jnp.zeros((inputs.shape[0], stages - 1, width))
     return decoding.speed_decode(inputs, None, eos_id=k.pop('eos_id', 1),
                                  pipeline_step_fn=step, num_stages=stages,
-                                 initial_carry=carry,
-                                 **kwargs, **k)[:2]
+                                 initial_carry=carry, **kwargs, **k)
 
   def greedy(inputs, **k):
     return decoding.greedy_decode(inputs, None, to_logits,
@@ -83,14 +84,14 @@ class TerminationTest(parameterized.TestCase):
         step = lambda tok, carry, pos, cache: (
             jnp.zeros((tok.shape[0], R, V)), jnp.zeros((tok.shape[0], R, 1)),
             cache)
-        f = jax.jit(lambda ii: decoding.speed_decode(
-            jnp.zeros((1, L), jnp.int32), None, eos_id=1, initial_index=ii,
-            max_decode_steps=4, pipeline_step_fn=step,
-            num_stages=R, initial_carry=jnp.zeros((1, R - 1, 1)),
-            return_stats=True))
-        decodes, scores, stats = f(jnp.array([-1]))
-        print(np.asarray(decodes).tolist(), float(scores[0, 0]),
-              int(stats.invalid[0]))
+        f = jax.jit(lambda ii: decoding.decode(
+            decoding.speed_decode, inputs=jnp.zeros((1, L), jnp.int32),
+            cache=None, eos_id=1, initial_index=ii, max_decode_steps=4,
+            pipeline_step_fn=step, num_stages=R,
+            initial_carry=jnp.zeros((1, R - 1, 1))))
+        result = f(jnp.array([-1]))
+        print(np.asarray(result.sequences).tolist(),
+              float(result.scores[0, 0]), int(result.stats.invalid[0]))
         """)
     out = subprocess.run([sys.executable, '-c', script], capture_output=True,
                          text=True, timeout=300, check=True).stdout
@@ -117,12 +118,11 @@ class TerminationTest(parameterized.TestCase):
     # Emulate it by an initial_index whose pipeline would never drain and
     # check the loop count through the stats.
     step, _ = constant_pipeline()
-    f = jax.jit(lambda ii: decoding.speed_decode(
-        jnp.zeros((2, L), jnp.int32), None, eos_id=-1, initial_index=ii,
-        pipeline_step_fn=step, num_stages=R,
-        initial_carry=jnp.zeros((2, R - 1, 1)),
-        return_stats=True))
-    _, _, stats = f(jnp.array([0, 3]))
+    f = jax.jit(lambda ii: decoding.decode(
+        decoding.speed_decode, inputs=jnp.zeros((2, L), jnp.int32),
+        cache=None, eos_id=-1, initial_index=ii, pipeline_step_fn=step,
+        num_stages=R, initial_carry=jnp.zeros((2, R - 1, 1))).stats)
+    stats = f(jnp.array([0, 3]))
     # No EOS: each example runs to the end of the buffer, R - 1 fill steps
     # plus one step per token, well inside the R * (L + 1) bound.
     np.testing.assert_array_equal(stats.num_tokens, [L, L - 3])
@@ -172,10 +172,10 @@ class TokenIdTest(parameterized.TestCase):
   def test_speed_flags_why(self, method):
     del method
     step, _ = constant_pipeline()
-    f = jax.jit(lambda x, ii: decoding.speed_decode(
-        x, None, eos_id=1, initial_index=ii, pipeline_step_fn=step,
-        num_stages=R, initial_carry=jnp.zeros((3, R - 1, 1)),
-        return_stats=True)[2])
+    f = jax.jit(lambda x, ii: decoding.decode(
+        decoding.speed_decode, inputs=x, cache=None, eos_id=1,
+        initial_index=ii, pipeline_step_fn=step, num_stages=R,
+        initial_carry=jnp.zeros((3, R - 1, 1))).stats)
     inputs = jnp.zeros((3, L), jnp.int32).at[1, 1].set(-2)
     stats = f(inputs, jnp.array([L, 1, 1]))
     np.testing.assert_array_equal(stats.invalid, [
@@ -283,6 +283,59 @@ class ArgumentTest(parameterized.TestCase):
     np.testing.assert_array_equal(decodes[:, 0], [
         [2, 0, 0, 0, 0, 0, 0, 0], [2, 2, 2, 0, 0, 0, 0, 0],
         [2, 2, 2, 2, 2, 2, 0, 0]])
+
+
+class GenerateArgumentTest(parameterized.TestCase):
+  """generate names the argument at fault, before it traces anything."""
+
+  def setUp(self):
+    super().setUp()
+    self.module, self.params = tiny_model()
+    # Every error must come from the host checks: tracing is a failure.
+    patch = mock.patch.object(inference, '_generate',
+                              side_effect=AssertionError('traced'))
+    patch.start()
+    self.addCleanup(patch.stop)
+
+  def generate(self, prompts=((3, 4),), lengths=(2,), **kwargs):
+    return inference.generate(self.module, self.params, prompts, lengths,
+                              max_decode_steps=3, **kwargs)
+
+  @parameterized.product(method=['greedy', 'speed'], settings=[
+      dict(temperature=0.7, topk=40), dict(topp=0.9), dict(temperature=0.0)])
+  def test_sampling_settings_need_a_sampling_method(self, method, settings):
+    for name, value in settings.items():
+      with self.assertRaisesRegex(
+          ValueError, rf"method='{method}'\) decodes greedily.* {name}="
+          rf"{value!r}.*sampling methods \('speed_sample', 'sample'\)"):
+        self.generate(method=method, **settings)
+
+  def test_ragged_prompts(self):
+    with self.assertRaisesRegex(ValueError, 'prompts must be a rectangular '
+                                'array.*pad'):
+      self.generate(prompts=[[3, 4, 5], [6, 7]], lengths=[3, 2])
+
+  def test_rng_must_be_one_key(self):
+    for rng, got in (
+        (3, 'got 3'),
+        (np.array([1, 2], np.int64), r'shape \(2,\) and dtype int64'),
+        (np.zeros((2, 2), np.uint32), r'shape \(2, 2\) and dtype uint32'),
+        (jax.random.split(jax.random.key(0)), r'shape \(2,\) and dtype key')):
+      for method in ('sample', 'speed'):
+        with self.assertRaisesRegex(ValueError, 'rng must be one PRNG key: '
+                                    rf'jax.random.PRNGKey.*{got}'):
+          self.generate(method=method, rng=rng)
+
+  def test_raw_and_typed_keys_are_keys(self):
+    for key in (jax.random.PRNGKey(3), jax.random.key(3),
+                np.array([0, 3], np.uint32)):
+      decode_args.check_prng_key('rng', key)
+      jax.jit(lambda k: decode_args.check_prng_key('rng', k))(key)
+
+  def test_bad_prompt_id_names_prompts(self):
+    with self.assertRaisesRegex(ValueError, r'prompts holds token id 61 at '
+                                r'\[0, 1\]'):
+      self.generate(prompts=[[3, 61]])
 
 
 class NonFiniteTest(absltest.TestCase):

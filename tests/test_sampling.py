@@ -44,19 +44,18 @@ def _batch(batch, seed):
   return jnp.asarray(inputs, jnp.int32), jnp.asarray(lengths, jnp.int32)
 
 
-def _decoders(module, params, num_decodes, topk, return_stats=True):
-  """Jitted (sequential, SPEED) samplers over traced settings."""
+def _decoders(module, params, num_decodes, topk):
+  """Jitted (sequential, SPEED) samplers over traced settings, returning
+  `decoding.DecodeResult`s."""
   bound = steps.BoundSteps(module, params)
 
   def run(fn, inputs, lengths, rng, temperature, topp, eos, max_steps):
     cache = bound.prefill(inputs, lengths)
-    kwargs = dict(eos_id=eos, decode_rng=rng, temperature=temperature,
-                  topk=topk, topp=0.0 if topk else topp, num_decodes=num_decodes,
-                  max_decode_steps=max_steps)
-    if fn is sampling.speed_sample_decode:
-      kwargs['return_stats'] = return_stats
-    return fn(**{**bound.decode_fn_kwargs(fn, inputs, cache, lengths),
-                 **kwargs})
+    return decoding.decode(
+        fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=eos,
+        decode_rng=rng, temperature=temperature, topk=topk,
+        topp=0.0 if topk else topp, num_decodes=num_decodes,
+        max_decode_steps=max_steps)
 
   return (jax.jit(lambda *a: run(sampling.sample_decode, *a)),
           jax.jit(lambda *a: run(sampling.speed_sample_decode, *a)))
@@ -82,12 +81,14 @@ class SpeedSampleEqualsSampleTest(parameterized.TestCase):
               jnp.float32(topp),
               jnp.asarray(rng.choice([1, -1], size=batch), jnp.int32),
               jnp.asarray(rng.randint(1, LENGTH + 1, size=batch), jnp.int32))
-      want, want_scores = sample(*args)
-      got, got_scores, stats = speed(*args)
-      np.testing.assert_array_equal(got, want, err_msg=f'setting {i}')
-      np.testing.assert_allclose(got_scores, want_scores, rtol=1e-4,
+      want, got = sample(*args), speed(*args)
+      np.testing.assert_array_equal(got.sequences, want.sequences,
+                                    err_msg=f'setting {i}')
+      np.testing.assert_allclose(got.scores, want.scores, rtol=1e-4,
                                  atol=1e-4)
-      self.assertEqual(want.shape, (batch, num_decodes, LENGTH))
+      self.assertEqual(want.sequences.shape, (batch, num_decodes, LENGTH))
+      self.assertIsNone(want.stats)
+      stats = got.stats
       self.assertTrue(np.all(np.asarray(stats.num_tokens) >= 1))
       self.assertTrue(np.all(np.asarray(stats.invalid) == 0))
       flushes += int(np.asarray(stats.flushes).sum())
@@ -109,31 +110,32 @@ class SpeedSampleEqualsSampleTest(parameterized.TestCase):
         extra = {} if fn in greedy_fns else dict(
             temperature=0.0, rescale_log_probs=False,
             decode_rng=jax.random.PRNGKey(3))
-        out[fn.__name__] = fn(**bound.decode_fn_kwargs(fn, inputs, cache,
-                                                       lengths),
-                              eos_id=1, **extra)[:2]
+        out[fn.__name__] = decoding.decode(
+            fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths),
+            eos_id=1, **extra)
       # T5X's convention: rescaled log-probabilities of greedy rows are 0.
-      out['rescaled'] = sampling.sample_decode(
-          **bound.decode_fn_kwargs(sampling.sample_decode, inputs, cache,
-                                   lengths), eos_id=1, temperature=0.0)
+      out['rescaled'] = decoding.decode(
+          sampling.sample_decode, **bound.decode_fn_kwargs(
+              sampling.sample_decode, inputs, cache, lengths),
+          eos_id=1, temperature=0.0)
       return out
 
     out = decode_all(inputs, lengths)
+    greedy = out['greedy_decode']
     for name in ('speed_decode', 'sample_decode', 'speed_sample_decode'):
-      np.testing.assert_array_equal(out[name][0], out['greedy_decode'][0])
-      np.testing.assert_allclose(out[name][1], out['greedy_decode'][1],
-                                 rtol=1e-5)
-    np.testing.assert_array_equal(out['rescaled'][0], out['greedy_decode'][0])
-    np.testing.assert_array_equal(out['rescaled'][1], np.zeros((3, 1)))
+      np.testing.assert_array_equal(out[name].sequences, greedy.sequences)
+      np.testing.assert_allclose(out[name].scores, greedy.scores, rtol=1e-5)
+    np.testing.assert_array_equal(out['rescaled'].sequences, greedy.sequences)
+    np.testing.assert_array_equal(out['rescaled'].scores, np.zeros((3, 1)))
 
   def test_rng_decides_the_samples(self):
     module, params = random_model(2, 3, 'cycle', 8, VOCAB)
-    sample, speed = _decoders(module, params, 4, 0, return_stats=False)
+    sample, speed = _decoders(module, params, 4, 0)
     inputs, lengths = _batch(2, 8)
     decode = lambda fn, seed: np.asarray(fn(
         inputs, lengths, jax.random.PRNGKey(seed), jnp.ones((2,)),
         jnp.float32(0), jnp.full((2,), -1, jnp.int32),
-        jnp.full((2,), LENGTH, jnp.int32))[0])
+        jnp.full((2,), LENGTH, jnp.int32)).sequences)
     first = decode(sample, 1)
     np.testing.assert_array_equal(decode(sample, 1), first)
     np.testing.assert_array_equal(decode(speed, 1), first)
@@ -174,11 +176,11 @@ class DistributionTest(parameterized.TestCase):
     inputs, lengths = jnp.array([[0, 5, 9, 0, 0]]), jnp.array([2])
     cache = bound.prefill(inputs, lengths)
     n = 8000
-    decodes = sampling.speed_sample_decode(
+    decodes, _ = sampling.speed_sample_decode(
         **bound.decode_fn_kwargs(sampling.speed_sample_decode, inputs,
                                  cache, lengths), eos_id=1,
         decode_rng=jax.random.PRNGKey(11), num_decodes=n,
-        temperature=temperature, topk=topk, topp=topp, max_decode_steps=1)[0]
+        temperature=temperature, topk=topk, topp=topp, max_decode_steps=1)
     first = np.asarray(decodes)[0, :, 2]
     counts = np.bincount(first, minlength=VOCAB)
     logits = bound.decode_step(jnp.array([9]), jnp.array([2]), cache)[0]
@@ -233,6 +235,11 @@ class GenerateTest(absltest.TestCase):
                                     method='sample', **kwargs)
     np.testing.assert_array_equal(speed.tokens, sequential.tokens)
     np.testing.assert_allclose(speed.scores, sequential.scores, rtol=1e-4)
+    # A typed key (jax.random.key) draws what its raw key draws.
+    typed = inference.generate(module, params, prompts, lengths,
+                               method='sample',
+                               **{**kwargs, 'rng': jax.random.key(5)})
+    np.testing.assert_array_equal(typed.tokens, sequential.tokens)
     self.assertEqual(np.asarray(speed.stats.num_tokens).tolist(), [8, 8])
     self.assertGreater(int(speed.schedule.num_steps), 8)
     self.assertIsNone(sequential.stats)
@@ -254,6 +261,9 @@ class ArgumentTest(parameterized.TestCase):
       ('topp_range', dict(topp=1.5), 'topp'),
       ('both', dict(topk=3, topp=0.9), 'at most one'),
       ('num_decodes', dict(num_decodes=0), 'num_decodes'),
+      ('int_rng', dict(decode_rng=3), 'decode_rng must be one PRNG key'),
+      ('rng_batch', dict(decode_rng=np.zeros((2, 2), np.uint32)),
+       r'decode_rng must be one PRNG key.*shape \(2, 2\)'),
       ('rescale', dict(rescale_log_probs=1), 'rescale_log_probs'))
   def test_bad_arguments_raise(self, kwargs, message):
     module, params = tiny_model(vocab_size=VOCAB)

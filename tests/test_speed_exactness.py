@@ -154,13 +154,13 @@ def _decode_with(module, params, prompts, lengths, max_steps, wrap):
     kwargs = bound.decode_fn_kwargs(decoding.speed_decode, inputs, cache,
                                     lengths)
     kwargs['pipeline_step_fn'] = wrap(bound.pipeline_step, cache, lengths)
-    return decoding.speed_decode(eos_id=1, max_decode_steps=max_steps,
-                                 **kwargs)
+    return decoding.decode(decoding.speed_decode, eos_id=1,
+                           max_decode_steps=max_steps, **kwargs)
 
-  decodes, scores, stats = run(params, prompts, lengths)
+  result = run(params, prompts, lengths)
   return inference.Generation(
-      inference.produced_tokens(decodes, lengths, max_steps), scores[:, 0],
-      stats)
+      inference.produced_tokens(result.sequences, lengths, max_steps),
+      result.scores[:, 0], result.stats)
 
 
 class AdversarialSpeculationTest(parameterized.TestCase):
@@ -224,8 +224,9 @@ class RaggedBatchTest(absltest.TestCase):
     bound = steps.BoundSteps(module, params)
     cache = bound.prefill(inputs, lengths)
     kwargs = lambda fn: bound.decode_fn_kwargs(fn, inputs, cache, lengths)
-    speed, _, stats = decoding.speed_decode(
-        eos_id=1, **kwargs(decoding.speed_decode))
+    result = decoding.decode(decoding.speed_decode, eos_id=1,
+                             **kwargs(decoding.speed_decode))
+    speed, stats = result.sequences, result.stats
     greedy, _ = decoding.greedy_decode(eos_id=1,
                                        **kwargs(decoding.greedy_decode))
     np.testing.assert_array_equal(speed, greedy)

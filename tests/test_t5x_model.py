@@ -1,6 +1,7 @@
 """SpeedDecoderOnlyModel inside T5X (skipped when T5X is absent)."""
 
 import functools
+import textwrap
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -11,6 +12,7 @@ import pytest
 
 pytest.importorskip('t5x')
 
+import gin  # pylint: disable=g-import-not-at-top
 from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 from t5x_speed import decoding
 from t5x_speed import losses
@@ -18,6 +20,7 @@ from t5x_speed import models
 from t5x_speed import sampling
 from t5x_speed import steps
 import t5x_helpers as th
+from test_decoding import toy_pipeline
 
 BEAM = jax.tree_util.Partial(t5x_decoding.beam_search, alpha=0.6)
 
@@ -335,6 +338,36 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     self.assertFalse(steps.uses_pipeline(sampling.sample_decode))
     self.assertFalse(steps.takes_kv_cache(BEAM))
     self.assertFalse(steps.takes_kv_cache(t5x_decoding.temperature_sample))
+
+  def test_gin_references_keep_declarations_and_bindings(self):
+    gin.parse_config(textwrap.dedent("""
+        from __gin__ import dynamic_registration
+        from t5x_speed import decoding
+        from t5x_speed import sampling
+        SPEED = @decoding.speed_decode
+        GREEDY = @decoding.greedy_decode
+        SAMPLE = @sampling.speed_sample_decode
+        sampling.speed_sample_decode.temperature = 0.0
+        """))
+    self.addCleanup(gin.clear_config)
+    fns = {name: gin.query_parameter(f'{name}/macro.value'
+                                     ).scoped_configurable_fn
+           for name in ('SPEED', 'GREEDY', 'SAMPLE')}
+    self.assertTrue(steps.uses_pipeline(fns['SPEED']))
+    self.assertFalse(steps.uses_pipeline(fns['GREEDY']))
+    self.assertTrue(all(steps.takes_kv_cache(fn) for fn in fns.values()))
+    # The gin-bound temperature 0 reaches the sampler through
+    # decoding.decode: it decodes greedily, and T5X's rescaled score of a
+    # greedy row is 0 (at temperature 1 it would be negative).
+    table = [[5, 6, 9, 8, 1, 0], [5, 6, 7, 8, 1, 0], [5, 6, 7, 8, 1, 0]]
+    step, _, carry = toy_pipeline(table)
+    result = decoding.decode(
+        fns['SAMPLE'], inputs=jnp.zeros((1, 6), jnp.int32),
+        cache=jnp.zeros(()), eos_id=1, pipeline_step_fn=step, num_stages=3,
+        initial_carry=carry, decode_rng=jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(result.sequences[0, 0], [5, 6, 7, 8, 1, 0])
+    np.testing.assert_array_equal(result.scores, [[0.0]])
+    self.assertEqual(result.stats.flushes[0].tolist(), [0, 1, 0])
 
   def test_t5x_cache_expands_and_reorders_per_example(self):
     # T5X's helpers on the T5X-form cache move whole examples: batch axis 1.

@@ -1,0 +1,306 @@
+"""SPEED's pipelined decode loop, its statistics and its recorded schedule.
+
+`decoding.speed_decode` runs `pipelined_loop` with the argmax,
+`sampling.speed_sample_decode` with its position-keyed sampler; the loop is
+described in `decoding.speed_decode`'s docstring. Positions, limits and
+invalid examples follow the contract in `decoding`'s module docstring.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+
+import flax
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decode_args
+from t5x_speed import sequential_loop
+from t5x_speed import token_rules
+from t5x_speed.decode_args import INVALID_STEP_LIMIT
+
+Array = jax.Array
+# (tokens [B], carry [B, R-1, E], positions [B, R], cache)
+#   -> (logits [B, R, V], hidden [B, R, E], cache)
+PipelineStepFn = Callable[[Array, Array, Array, Any], Tuple[Array, Array, Any]]
+
+
+@flax.struct.dataclass
+class SpeedStats:
+  """Per-example SPEED counters (B examples, R stages).
+
+  Attributes:
+    num_steps: [batch] loop steps taken while the example was live.
+    num_tokens: [batch] tokens committed.
+    occupied_slots: [batch] occupied stages summed over live steps.
+    flushes: [batch, R] restarts triggered by a mismatch at each stage.
+    stage_evaluations: [batch, R] tokens run at each stage, flushed included.
+    stage_flips: [batch, R] of those, predictions that differ from the same
+      token's prediction at the previous stage (always 0 at stage 0).
+    invalid: [batch] 0 for a decoded example, else the `INVALID_*` flags
+      saying why it produced nothing (traced bad inputs; see `decoding`).
+  """
+
+  num_steps: Array
+  num_tokens: Array
+  occupied_slots: Array
+  flushes: Array
+  stage_evaluations: Array
+  stage_flips: Array
+  invalid: Array
+
+  @classmethod
+  def zeros(cls, batch: int, stages: int) -> 'SpeedStats':
+    z = lambda *s: jnp.zeros(s, jnp.int32)
+    return cls(z(batch), z(batch), z(batch), z(batch, stages),
+               z(batch, stages), z(batch, stages), z(batch))
+
+  @classmethod
+  def from_aux(cls, aux_values: Mapping[str, Any],
+               prefix: str = 'speed/') -> Optional['SpeedStats']:
+    """Stats of many examples from aux values as models.py writes them.
+
+    `aux_values['speed/<field>']` holds one value per example (a list, as
+    seqio and T5X's infer pass them, or an array with the examples first).
+    Returns None where the aux holds no SPEED statistics (other decode fns).
+    """
+    if prefix + 'num_steps' not in aux_values:
+      return None
+    return cls(**{f.name: np.stack([np.asarray(v) for v in
+                                    aux_values[prefix + f.name]])
+                  for f in dataclasses.fields(cls)})
+
+  def summary(self) -> Dict[str, float]:
+    """Batch totals and rates as Python numbers (host side)."""
+    s = jax.tree.map(lambda x: np.asarray(x, np.float64).sum(0), self)
+    stages = s.flushes.shape[0]
+    out = {
+        'example_steps': float(s.num_steps),
+        'tokens': float(s.num_tokens),
+        'steps_per_token': float(s.num_steps / max(s.num_tokens, 1)),
+        'occupancy': float(s.occupied_slots / max(s.num_steps * stages, 1)),
+        'flushes': float(s.flushes.sum()),
+        'invalid_examples': float(np.count_nonzero(np.asarray(self.invalid))),
+    }
+    for r in range(stages):
+      out[f'flushes/stage_{r + 1}'] = float(s.flushes[r])
+      if r:
+        out[f'flip_rate/stage_{r + 1}'] = float(
+            s.stage_flips[r] / max(s.stage_evaluations[r], 1))
+    return out
+
+
+@flax.struct.dataclass
+class SpeedSchedule:
+  """What each loop step ran, for inspection and replay; [steps, batch, R].
+
+  Attributes:
+    positions: position at each stage, -1 for empty stages.
+    tokens: token at each stage (meaningful where positions >= 0).
+    predictions: each stage's exit prediction.
+    flushes: bool, the stage whose mismatch flushed its successors.
+    num_steps: [] loop steps recorded.
+  """
+
+  positions: Array
+  tokens: Array
+  predictions: Array
+  flushes: Array
+  num_steps: Array
+
+
+@flax.struct.dataclass
+class SpeedState:
+  """Loop state of `pipelined_loop` (B examples, R stages, width E).
+
+  Attributes:
+    stage_positions: [B, R] position of the token at each stage, -1 when the
+      stage is empty (the paper's iteration_indices).
+    stage_tokens: [B, R] token at each stage; stage_tokens[:, 0] enters next.
+    stage_last_preds: [B, R] each token's prediction at its previous stage.
+    carry: [B, R-1, E] hidden states entering stages 1..R-1.
+    sequences: [B, length + 1] committed token at each position.
+    ended: [B] bool.
+    log_prob: [B] final-stage log-probabilities of the committed tokens.
+    cache: the model's cache.
+    stats: `SpeedStats`.
+    schedule: `SpeedSchedule`, or None when not recorded.
+    step: [] loop steps taken (the loop stops at R * (length + 1)).
+  """
+
+  stage_positions: Array
+  stage_tokens: Array
+  stage_last_preds: Array
+  carry: Array
+  sequences: Array
+  ended: Array
+  log_prob: Array
+  cache: Any
+  stats: SpeedStats
+  schedule: Optional[SpeedSchedule]
+  step: Array
+
+
+def check_pipeline(inputs, cache, pipeline_step_fn, num_stages,
+                   initial_carry, initial_index, max_decode_steps, eos_id,
+                   cache_offset, fn_name: str = 'speed_decode'
+                   ) -> Tuple[int, Array, decode_args.Checked]:
+  """Checks a pipelined decode's arguments: (R, initial carry, checked).
+
+  `fn_name` names the decode fn in the error for a missing pipelined step.
+  """
+  if pipeline_step_fn is None or num_stages is None or initial_carry is None:
+    raise ValueError(
+        f'{fn_name} needs pipeline_step_fn, num_stages and initial_carry: '
+        'the model must have shared exits (e.g. '
+        't5x_speed.models.SpeedDecoderOnlyModel; '
+        '`steps.BoundSteps.decode_fn_kwargs` supplies them). Use '
+        'greedy_decode or temperature_sample for other models.')
+  stages = decode_args.check_int('num_stages', num_stages, 1)
+  batch, _ = decode_args.check_structure(inputs, cache_offset, cache)
+  carry_shape = getattr(initial_carry, 'shape', ())
+  if len(carry_shape) != 3 or carry_shape[:2] != (batch, stages - 1):
+    raise ValueError(
+        f'initial_carry must be [batch={batch}, R-1={stages - 1}, width] for '
+        f'num_stages R = {stages}, got shape {carry_shape}.')
+  try:
+    logits_shape, hidden_shape, _ = jax.eval_shape(
+        pipeline_step_fn, jax.ShapeDtypeStruct((batch,), jnp.int32),
+        decode_args.shape_of(initial_carry),
+        jax.ShapeDtypeStruct((batch, stages), jnp.int32),
+        decode_args.shape_of(cache))
+  except (TypeError, ValueError, IndexError) as e:
+    raise ValueError(
+        f'pipeline_step_fn fails with num_stages R = {stages} and '
+        f'initial_carry of shape {carry_shape} (width {carry_shape[2]}): '
+        'they must be the model\'s R and [batch, R-1, width] (see '
+        '`steps.BoundSteps.decode_fn_kwargs`).') from e
+  if logits_shape.shape[:2] != (batch, stages) or hidden_shape.shape != (
+      batch, stages, carry_shape[2]):
+    raise ValueError(
+        f'num_stages R = {stages} and initial_carry {carry_shape} (width '
+        f'{carry_shape[2]}) do not match pipeline_step_fn, which returns '
+        f'logits {logits_shape.shape} and hidden states {hidden_shape.shape} '
+        f'([batch, R, vocab], [batch, R, width]): this model has '
+        f'R = {hidden_shape.shape[1]} stages of width '
+        f'{hidden_shape.shape[-1]}.')
+  checked = decode_args.validate(inputs, initial_index, max_decode_steps,
+                                 eos_id, vocab_size=logits_shape.shape[-1])
+  return stages, jnp.asarray(initial_carry, hidden_shape.dtype), checked
+
+
+def pipelined_loop(inputs: Array, cache: Any,
+                   pipeline_step_fn: PipelineStepFn, stages: int,
+                   initial_carry: Array, checked: decode_args.Checked,
+                   rule: token_rules.TokenRule, record_schedule: bool = False
+                   ) -> Tuple[SpeedState, Array]:
+  """SPEED's loop (`decoding.speed_decode`), each stage's token chosen by
+  `rule`.
+
+  Returns:
+    (the final `SpeedState`, its `stats.invalid` filled in; scores [batch]:
+    the summed final-stage log-probabilities of the committed tokens as
+    `rule.log_prob` gives them, NaN for an invalid example).
+  """
+  batch, length = inputs.shape
+  initial_index, max_len = checked.initial_index, checked.max_len
+  sequences, token0 = sequential_loop.first_tokens(inputs, initial_index)
+  rows = jnp.arange(batch)
+  stage_ids = jnp.arange(stages)
+  # A committed token takes at most R steps (a flush restarts its successor
+  # with the final prediction), and at most `length` tokens are committed.
+  max_steps = stages * (length + 1)
+
+  def speed_cond_fn(state: SpeedState) -> Array:
+    return ~jnp.all(state.ended) & (state.step < max_steps)
+
+  def speed_body_fn(state: SpeedState) -> SpeedState:
+    pos, tok = state.stage_positions, state.stage_tokens
+    valid = pos >= 0                                             # [B, R]
+    logits, hidden, cache = pipeline_step_fn(tok[:, 0], state.carry, pos,
+                                             state.cache)
+    preds = rule.tokens(logits, pos + 1)                         # [B, R]
+
+    # The token leaving the last stage commits its final-stage prediction.
+    commits = valid[:, -1]
+    committed, commit_at = preds[:, -1], pos[:, -1] + 1
+    ended = state.ended | (commits & ((committed == checked.eos_id) |
+                                      (commit_at >= max_len)))
+
+    # Successors are found by position: flushes leave gaps between stages.
+    # is_succ[b, r, s]: stage s holds the successor of stage r's token.
+    is_succ = valid[:, None, :] & (pos[:, None, :] == pos[:, :, None] + 1)
+    succ_token = jnp.sum(jnp.where(is_succ, tok[:, None, :], 0), -1)
+    mismatch = valid & jnp.any(is_succ, -1) & (succ_token != preds)
+    # The oldest (lowest-position) mismatch wins; later tokens are flushed.
+    cut = jnp.min(jnp.where(mismatch, pos, length + 1), -1)       # [B]
+    survive = valid & (pos <= cut[:, None]) & ~ended[:, None]
+    flushed_by = mismatch & (pos == cut[:, None]) & ~ended[:, None]
+
+    # The newest survivor's prediction enters stage 0, if within the limit.
+    newest = jnp.argmax(jnp.where(survive, pos, -1), -1)          # [B]
+    new_pos = pos[rows, newest] + 1
+    enters = jnp.any(survive, -1) & (new_pos < max_len)
+
+    # Survivors advance one stage; the last stage's token has left.
+    shift = lambda first, x: jnp.concatenate([first[:, None], x[:, :-1]], 1)
+    stats = state.stats
+    live = ~state.ended
+    stats = SpeedStats(
+        num_steps=stats.num_steps + live,
+        num_tokens=stats.num_tokens + commits,
+        occupied_slots=stats.occupied_slots + valid.sum(-1),
+        flushes=stats.flushes + flushed_by,
+        stage_evaluations=stats.stage_evaluations + valid,
+        stage_flips=stats.stage_flips + (
+            valid & (stage_ids > 0) & (preds != state.stage_last_preds)),
+        invalid=stats.invalid)
+    schedule = state.schedule
+    if schedule is not None:
+      step = jnp.minimum(schedule.num_steps, max_steps - 1)
+      record = lambda buf, x: buf.at[step].set(x)
+      schedule = SpeedSchedule(
+          positions=record(schedule.positions, pos),
+          tokens=record(schedule.tokens, tok),
+          predictions=record(schedule.predictions, preds),
+          flushes=record(schedule.flushes, flushed_by),
+          num_steps=schedule.num_steps + 1)
+    return SpeedState(
+        stage_positions=shift(jnp.where(enters, new_pos, -1),
+                              jnp.where(survive, pos, -1)),
+        stage_tokens=shift(preds[rows, newest], tok),
+        stage_last_preds=shift(jnp.zeros_like(newest), preds),
+        carry=hidden[:, :-1],
+        sequences=sequential_loop.write(state.sequences, commit_at,
+                                        committed, commits),
+        ended=ended,
+        log_prob=state.log_prob + jnp.where(
+            commits, rule.log_prob(logits[:, -1], committed), 0.0),
+        cache=cache,
+        stats=stats,
+        schedule=schedule,
+        step=state.step + 1)
+
+  schedule = None
+  if record_schedule:
+    buf = lambda dtype: jnp.zeros((max_steps, batch, stages), dtype)
+    schedule = SpeedSchedule(buf(jnp.int32), buf(jnp.int32), buf(jnp.int32),
+                             buf(bool), jnp.zeros((), jnp.int32))
+  empty = jnp.full((batch, stages - 1), -1, jnp.int32)
+  first = jnp.where(checked.done, -1, initial_index)   # done: empty pipeline
+  final = lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
+      stage_positions=jnp.concatenate([first[:, None], empty], 1),
+      stage_tokens=jnp.concatenate([token0[:, None], 0 * empty], 1),
+      stage_last_preds=jnp.zeros((batch, stages), jnp.int32),
+      carry=initial_carry,
+      sequences=sequences,
+      ended=checked.done,
+      log_prob=jnp.zeros((batch,), jnp.float32),
+      cache=cache,
+      stats=SpeedStats.zeros(batch, stages),
+      schedule=schedule,
+      step=jnp.zeros((), jnp.int32)))
+  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
+  return (final.replace(stats=final.stats.replace(invalid=invalid)),
+          jnp.where(invalid != 0, jnp.nan, final.log_prob))

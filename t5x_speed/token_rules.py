@@ -1,0 +1,69 @@
+"""How a decode loop picks each next token: the `TokenRule` protocol, argmax.
+
+Greedy decoding picks the most likely token (`ARGMAX`); `sampling`'s
+`PositionKeyedSampler` is the other rule. Both loops (`sequential_loop`,
+`speed_loop`) take a rule, so that greedy and sampled decoding share them.
+"""
+
+from typing import Protocol
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class TokenRule(Protocol):
+  """How a decode loop picks each next token (greedy, or `sampling`'s).
+
+  `tokens` sees logits [batch, S, vocab] for S tokens per example (S = 1
+  sequentially, R in SPEED's pipeline) and the position each would fill
+  [batch, S]; it must treat every (example, position) alike wherever it is
+  computed, so that SPEED's final stage picks what the sequential loop picks.
+  `log_prob` scores a picked token [batch] from its logits [batch, vocab].
+  """
+
+  def tokens(self, logits: Array, positions: Array) -> Array:
+    ...
+
+  def log_prob(self, logits: Array, tokens: Array) -> Array:
+    ...
+
+
+def argmax(logits: Array) -> Array:
+  """jnp.argmax(logits, -1) as int32: the first maximum, or the first NaN.
+
+  XLA:CPU runs jnp.argmax's (value, index) reduction one element at a time;
+  two plain reductions and a masked minimum vectorise and pick the same
+  index.
+
+  Example:
+    >>> int(argmax(jnp.array([1.0, 3.0, 2.0, 3.0])))
+    1
+  """
+  nan = jnp.isnan(logits)
+  top = jnp.max(logits, -1, keepdims=True)
+  hit = jnp.where(jnp.any(nan, -1, keepdims=True), nan, logits == top)
+  ids = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  return jnp.min(jnp.where(hit, ids, logits.shape[-1]), -1)
+
+
+def token_log_prob(logits: Array, tokens: Array) -> Array:
+  """log_softmax(logits)[tokens]: [batch, vocab], [batch] -> [batch]."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  return jnp.take_along_axis(log_probs, tokens[:, None], -1)[:, 0]
+
+
+class _Argmax:
+  """Greedy: the most likely token, scored by its log-probability."""
+
+  def tokens(self, logits: Array, positions: Array) -> Array:
+    del positions
+    return argmax(logits)
+
+  def log_prob(self, logits: Array, tokens: Array) -> Array:
+    return token_log_prob(logits, tokens)
+
+
+ARGMAX = _Argmax()
