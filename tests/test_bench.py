@@ -1,6 +1,8 @@
-"""Tests of the benches: `bench`'s command line and table (the bench itself
-is not run), and `sample_bench` end to end on a tiny model."""
+"""Tests of the benches: `bench`'s command line, table and progress lines,
+and `bench` and `sample_bench` end to end on tiny models."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -12,10 +14,15 @@ from unittest import mock
 from absl.testing import absltest
 
 from tools import bench
+from tools import bench_measure
+from tools import bench_report
+from tools import common
 from tools import demo_model
+from tools import replay
 from tools import sample_bench
 import helpers
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 META = {'machine': 'test machine, 2 cores', 'jax': '0.0', 'backend': 'cpu',
         'bandwidth_gb_s': 10.0}
 
@@ -57,12 +64,12 @@ def _table_rows(table):
 class FlagsTest(absltest.TestCase):
 
   def test_every_flag_has_help_and_default(self):
-    parser = bench._parser()  # pylint: disable=protected-access
+    parser = bench.parser()
     # Help text as printed, with line wrapping undone.
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 11)
+    self.assertLen(flags, 12)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
@@ -70,16 +77,18 @@ class FlagsTest(absltest.TestCase):
     self.assertIn('(default: False)', text)
 
   def test_help_command(self):
+    # As the README runs it: from the repository root.
     result = subprocess.run(
         [sys.executable, '-m', 'tools.bench', '--help'],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, cwd=REPO_ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
     self.assertEqual(result.returncode, 0, result.stderr)
     text = ' '.join(result.stdout.split())
     for flag in ('--configs', '--batch_sizes', '--lengths', '--repeats',
-                 '--speculative_vocab', '--out', '--demo_out', '--quick'):
+                 '--speculative_vocab', '--out', '--demo_out', '--quick',
+                 '--quiet'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 11)
+    self.assertEqual(text.count('(default: '), 12)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 
@@ -88,7 +97,7 @@ class MarkdownTest(absltest.TestCase):
 
   def test_quick_mode_has_no_nan(self):
     # --quick runs greedy and SPEED only: no G-layer baseline to compare with.
-    table = bench._markdown(  # pylint: disable=protected-access
+    table = bench_report.markdown(
         [_result({'greedy': _row(50.0), 'speed': _row(60.0, speed=True)})],
         META)
     self.assertNotIn('nan', table.lower())
@@ -107,8 +116,7 @@ class MarkdownTest(absltest.TestCase):
                'speed': _row(60.0, speed=True,
                              decode_vs_unshared_g_layers=0.6),
                'greedy_g': _row(100.0, decode_vs_unshared_g_layers=1.0)}
-    # pylint: disable-next=protected-access
-    table = bench._markdown([_result(methods)], META)
+    table = bench_report.markdown([_result(methods)], META)
     rows = _table_rows(table)
     self.assertEqual({m: r['decode vs G-layer'] for m, r in rows.items()},
                      {'greedy': '0.50x', 'speed': '0.60x',
@@ -126,11 +134,20 @@ class BenchRunTest(absltest.TestCase):
     tiny = lambda g, r, dtype: helpers.tiny_config(  # pylint: disable=g-long-lambda
         num_unique_layers=g, num_repeats=r, dtype=dtype,
         vocab_size=demo_model.VOCAB_SIZE)
-    with mock.patch.object(bench, 'demo_schedule_source',
+    stderr = io.StringIO()
+    with mock.patch.object(replay, 'demo_schedule_source',
                            return_value=source), \
-         mock.patch.object(bench, 'base_config', tiny):
+         mock.patch.object(bench_measure, 'base_config', tiny), \
+         contextlib.redirect_stderr(stderr):
       self.assertEqual(bench.main(['--quick', '--repeats', '2', '--out',
                                    out]), 0)
+    # Progress on stderr: the row group, each compile and timed pass, the
+    # time left.
+    progress = stderr.getvalue()
+    self.assertIn('row group 1/1: 4x3 batch 1 short', progress)
+    self.assertIn('4x3 batch 1 short: compiling speed', progress)
+    self.assertIn('4x3 batch 1 short: round 2/2: greedy', progress)
+    self.assertIn('left, ', progress)
     with open(os.path.join(out, 'bench.json')) as f:
       (result,) = json.load(f)['results']
     self.assertEqual((result['config'], result['batch']), ('4x3', 1))
@@ -158,6 +175,30 @@ class BenchRunTest(absltest.TestCase):
     self.assertIn('GB/s median', table)
 
 
+class ProgressTest(absltest.TestCase):
+
+  def test_lines_with_time_left(self):
+    stream = io.StringIO()
+    progress = common.Progress('bench', total=4, stream=stream)
+    progress.log('compiling')
+    progress._start -= 30.0  # pylint: disable=protected-access
+    progress.advance()
+    progress.log('round 1/3: greedy')
+    first, second = stream.getvalue().splitlines()
+    self.assertEqual(first, '[bench 0:00, 0% done] compiling')
+    # One unit of four took 30 s: three more take about 90 s.
+    self.assertRegex(second, r'^\[bench 0:30, ~1:3\d left, 25% done\] '
+                     r'round 1/3: greedy$')
+
+  def test_quiet_writes_nothing(self):
+    stream = io.StringIO()
+    progress = common.Progress('fuzz', total=2, quiet=True, stream=stream)
+    progress.advance()
+    progress.log('group 1/2')
+    self.assertEqual(stream.getvalue(), '')
+    self.assertEqual(progress.done, 1.0)
+
+
 class SampleBenchTest(absltest.TestCase):
 
   def test_runs_on_a_tiny_model(self):
@@ -166,12 +207,16 @@ class SampleBenchTest(absltest.TestCase):
     # and a replay at width 16 keep it to four compiles.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
     out = tempfile.mkdtemp()
-    with mock.patch.object(bench, 'demo_schedule_source',
+    stderr = io.StringIO()
+    with mock.patch.object(replay, 'demo_schedule_source',
                            return_value=source), \
          mock.patch.object(sample_bench, 'SETTINGS',
-                           sample_bench.SETTINGS[-1:]):
+                           sample_bench.SETTINGS[-1:]), \
+         contextlib.redirect_stderr(stderr):
       sample_bench.main(['--config', '2x3', '--prompts', '2', '--width', '16',
-                         '--vocab_size', '64', '--repeats', '1', '--out', out])
+                         '--vocab_size', '64', '--repeats', '1', '--out', out,
+                         '--quiet'])
+    self.assertNotIn('[sample_bench', stderr.getvalue())  # --quiet
     with open(os.path.join(out, 'sample_bench.json')) as f:
       (row,) = json.load(f)['rows']
     self.assertEqual(row['setting'], 'T=1.0, top-p 0.9')
@@ -188,7 +233,7 @@ class SampleBenchTest(absltest.TestCase):
            'identical': True, 'demo': {'speedup': 0.9},
            'replay': {'sequential_ms_per_token': 100.0,
                       'speed_ms_per_token': 50.0, 'speedup': 2.0}}
-    table = sample_bench._markdown(  # pylint: disable=protected-access
+    table = sample_bench.markdown(
         {'demo_model': '2x3', 'config': '4x3', 'width': 768,
          'vocab_size': 32128,
          'dtype': 'float32', 'kernel': True, 'prompts': 8,

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import seqio
 
-from tools import bench
 from tools import demo
 from tools import demo_model
+from tools import replay
 from t5x_speed import inference
 from t5x_speed import network
 import t5x_speed.tasks  # pylint: disable=unused-import
@@ -91,6 +91,12 @@ class DemoModelTest(absltest.TestCase):
     self.assertLen(results['consistency']['agrees_with_final'], 3)
     self.assertAlmostEqual(results['consistency']['agrees_with_final'][-1],
                            1.0)
+    # Where the wall time went, imports included in the total.
+    self.assertFalse(results['model_loaded'])
+    wall = results['wall_seconds']
+    self.assertEqual(set(wall), {'model', 'decode', 'replay', 'total'})
+    self.assertGreater(wall['total'],
+                       wall['model'] + wall['decode'] + wall['replay'])
 
 
 class ReplayTest(absltest.TestCase):
@@ -115,11 +121,13 @@ class ReplayTest(absltest.TestCase):
     """Both replays give the recorded tokens, SPEED the recorded schedule."""
     args = [jnp.asarray(rec[k]) for k in ('prompts', 'lengths', 'by_position',
                                           'predictions')]
-    speed_decodes, stats = bench.replay_decoder(speed, self.other)(
+    speed_result = replay.replay_decoder(speed, self.other)(
         self.other_params, *args, sample=sample)
-    decodes, none = bench.replay_decoder(sequential, self.other)(
+    result = replay.replay_decoder(sequential, self.other)(
         self.other_params, *args, sample=sample)
-    self.assertIsNone(none)
+    speed_decodes, stats = speed_result.sequences, speed_result.stats
+    decodes = result.sequences
+    self.assertIsNone(result.stats)
     np.testing.assert_array_equal(speed_decodes, decodes)
     self.assertEqual(int(np.sum(stats.flushes)), rec['summary']['flushes'])
     self.assertEqual(int(np.sum(stats.num_tokens)), rec['tokens'])
@@ -135,7 +143,7 @@ class ReplayTest(absltest.TestCase):
           rec['by_position'][b, length + 1:length + 1 + n])
 
   def test_replay_reproduces_the_recorded_schedule(self):
-    rec = bench.record((self.source, self.source_params), self.prompts,
+    rec = replay.record((self.source, self.source_params), self.prompts,
                        self.lengths)
     self.assert_replays(rec, 'greedy', 'speed')
 
@@ -148,7 +156,7 @@ class ReplayTest(absltest.TestCase):
         max_decode_steps=demo_model.LENGTHS['targets'], method='speed_sample',
         bidirectional=True, record_schedule=True, rng=jax.random.PRNGKey(3),
         **setting)
-    rec = bench.replay_record(out, self.prompts, self.lengths)
+    rec = replay.replay_record(out, self.prompts, self.lengths)
     self.assertGreater(rec['summary']['flushes'], 0)
     self.assert_replays(rec, 'sample', 'speed_sample', sample=dict(
         decode_rng=jax.random.PRNGKey(5),

@@ -21,11 +21,13 @@ import numpy as np
 
 from t5x_speed import decoding
 from tools import fuzz
+from tools import fuzz_cases
+from tools import fuzz_check
 
-TINY = fuzz.Group(g=1, r=3, sharing='cycle', vocab=17, width=32, heads=2,
-                  mlp=32, batch=3, length=8, dtype='float32')
-BF16 = fuzz.Group(g=2, r=3, sharing='cycle', vocab=97, width=96, heads=2,
-                  mlp=128, batch=8, length=12, dtype='bfloat16')
+TINY = fuzz_cases.Group(g=1, r=3, sharing='cycle', vocab=17, width=32,
+                        heads=2, mlp=32, batch=3, length=8, dtype='float32')
+BF16 = fuzz_cases.Group(g=2, r=3, sharing='cycle', vocab=97, width=96,
+                        heads=2, mlp=128, batch=8, length=12, dtype='bfloat16')
 
 
 class FuzzSliceTest(absltest.TestCase):
@@ -56,10 +58,10 @@ class FuzzSliceTest(absltest.TestCase):
     # check would see a difference.
     counts = {}
     for excess_precision in (False, True):
-      report = fuzz.Report('bfloat16', fuzz.NEAR_TIE['bfloat16'])
-      fuzz.run_cases(fuzz._Compiled(BF16, excess_precision),
-                     np.random.RandomState(7), report, count=40,
-                     first='bf16')
+      report = fuzz_check.Report('bfloat16', fuzz_check.NEAR_TIE['bfloat16'])
+      fuzz_cases.run_cases(fuzz_cases.Compiled(BF16, excess_precision),
+                           np.random.RandomState(7), report, count=40,
+                           first='bf16')
       counts[excess_precision] = report.speed_mismatches
       self.assertEqual(report.rows, 320)
       self.assertGreater(report.tokens_compared, 800)
@@ -69,18 +71,20 @@ class FuzzSliceTest(absltest.TestCase):
   def test_catches_a_broken_speed(self):
     real = decoding.speed_decode
 
-    @functools.wraps(real)  # still SPEED to steps.BoundSteps
-    def off_by_one(*args, **kwargs):
-      decodes, scores, stats = real(*args, **kwargs)
+    @functools.wraps(real)  # declared as SPEED, like the real one
+    def off_by_one(**kwargs):
+      result = decoding.decode(real, **kwargs)
       # Change the last position's token of every row: a real bug wherever
       # that token was produced and the margin there is not a near-tie.
-      return decodes.at[:, :, -1].add(1), scores, stats
+      return decoding.respond(result.replace(
+          sequences=result.sequences.at[:, :, -1].add(1)))
 
     decoding.speed_decode = off_by_one
     try:
-      report = fuzz.Report('float32', fuzz.NEAR_TIE['float32'])
-      fuzz.run_cases(fuzz._Compiled(TINY), np.random.RandomState(0), report,
-                     count=10, first='broken')
+      report = fuzz_check.Report('float32', fuzz_check.NEAR_TIE['float32'])
+      fuzz_cases.run_cases(fuzz_cases.Compiled(TINY),
+                           np.random.RandomState(0), report, count=10,
+                           first='broken')
     finally:
       decoding.speed_decode = real
     self.assertGreater(report.real_bugs, 0)
@@ -107,8 +111,9 @@ class FuzzSliceTest(absltest.TestCase):
                num_shards=2)
 
     def write(name, shard, **changes):
-      report = fuzz.Report('float32', 1e-4, cases=10, groups=2, rows=30,
-                           near_ties=shard, bugs=[f'b{shard}'])
+      report = fuzz_check.Report('float32', 1e-4, cases=10, groups=2,
+                                 rows=30, near_ties=shard,
+                                 bugs=[f'b{shard}'])
       path = os.path.join(tmp, name)
       with open(path, 'w') as f:
         json.dump({'run': {**run, 'shard': shard, **changes},
@@ -128,22 +133,22 @@ class FuzzSliceTest(absltest.TestCase):
     with open(merged) as f:
       data = json.load(f)
     self.assertEqual(data['run'], run)
-    self.assertEqual(fuzz.Report(**data['report']), total)
+    self.assertEqual(fuzz_check.Report(**data['report']), total)
 
   def test_near_tie_classification(self):
     case = dict(inputs=np.zeros((1, 4), np.int64), lengths=np.array([0]),
                 limit=np.array([3]), eos=np.array([-1]),
                 ref=np.array([[5, 6, 7, 0]]))
-    group = fuzz.Group(**{**TINY.__dict__, 'batch': 1, 'length': 4})
+    group = fuzz_cases.Group(**{**TINY.__dict__, 'batch': 1, 'length': 4})
     stats = decoding.SpeedStats.zeros(1, 3).replace(
         num_tokens=jnp.array([3]))
     stats = jax.tree.map(np.asarray, stats)
 
     def check(margin, bit_exact):
-      report = fuzz.Report('float32', 1e-4)
+      report = fuzz_check.Report('float32', 1e-4)
       top2 = np.array([[[2.0, 2.0 - margin]] * 4])
       speed = np.array([[[5, 6, 8, 0]]])          # differs at position 3
-      fuzz._check_case(group, report, 'hand', bit_exact, **case,
+      fuzz_check.check_case(group, report, 'hand', bit_exact, **case,
                        greedy=np.array([[[5, 6, 7, 0]]]),
                        g_scores=np.zeros((1, 1)), speed=speed,
                        s_scores=np.zeros((1, 1)), stats=stats,

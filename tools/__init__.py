@@ -1,0 +1,26 @@
+"""Developer tools of t5x_speed: the demo, the benches and the exactness fuzz.
+
+Run from the repository root as modules (`python -m tools.demo`); they are
+not installed with the package, and the package never imports them.
+
+Commands:
+  demo                  trains a small shared model on a generated task and
+                        decodes it with greedy and SPEED (`make demo`).
+  bench                 SPEED against greedy at T5-Base width, replaying a
+                        trained demo model's schedules (`make bench`).
+  sample_bench          SPEED sampling against sequential sampling
+                        (`make sample-bench`).
+  fuzz                  SPEED == greedy == an uncached forward pass on random
+                        models (`make fuzz`).
+  decode_profile        a Base-width decode loop's time, op by op.
+  decode_overhead       the decode loops' own per-step cost.
+  rowmatmul_microbench  the few-row kernel against XLA's dot.
+
+Shared modules:
+  common         help layout, progress lines on stderr, timing, host name.
+  demo_model     the demo model: settings, training, held-out prompts.
+  replay         recording a demo model's SPEED schedule and replaying it on
+                 a wide model (the benches' and the demo's wide numbers).
+  bench_measure  the bench's timed row groups; bench_report its table.
+  fuzz_cases     the fuzz's random cases; fuzz_check its checks and counts.
+"""

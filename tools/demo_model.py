@@ -1,8 +1,9 @@
 """The demo model: a small shared decoder trained on `speed_demo_numbers`.
 
-Shared by `tools.demo` (the main job) and `tools.bench`: builds the
-model, trains it with the weighted early-exit loss (optax, no T5X), saves and
-reloads its parameters, and reads held-out prompts, all through seqio.
+Shared by `tools.demo` (the main job) and the benches' replay
+(`tools.replay`): builds the model, trains it with the weighted early-exit
+loss (optax, no T5X), saves and reloads its parameters, and reads held-out
+prompts, all through seqio.
 """
 
 import dataclasses
@@ -35,12 +36,16 @@ class DemoSettings:
   num_unique_layers: int = 2
   num_repeats: int = 3
   width: int = 64
-  steps: int = 600
-  batch_size: int = 16
+  # On this task many small steps learn more per example than few large
+  # ones: four packed sequences per step reach the exits' consistency of
+  # sixteen with about half the computation.
+  steps: int = 1200
+  batch_size: int = 4
   learning_rate: float = 5e-3
   seed: int = 0
 
-  def config(self, num_repeats: Optional[int] = None) -> network.TransformerConfig:
+  def config(self, num_repeats: Optional[int] = None
+             ) -> network.TransformerConfig:
     return network.TransformerConfig(
         vocab_size=VOCAB_SIZE, emb_dim=self.width, num_heads=4,
         head_dim=self.width // 4, mlp_dim=2 * self.width,
@@ -49,8 +54,27 @@ class DemoSettings:
 
   @property
   def name(self) -> str:
+    """Names the saved model: every setting that changes it."""
     return (f'numbers_{self.num_unique_layers}x{self.num_repeats}_w'
-            f'{self.width}_s{self.steps}_b{self.batch_size}_seed{self.seed}')
+            f'{self.width}_s{self.steps}_b{self.batch_size}_lr'
+            f'{self.learning_rate:g}_seed{self.seed}')
+
+
+# The demo models whose SPEED schedules the benches replay (`tools.replay`):
+# their recipe is fixed, so that a bench's replayed schedules stay those of
+# its recorded results whatever the demo's defaults.
+REPLAY_STEPS = 600
+REPLAY_BATCH_SIZE = 16
+REPLAY_LEARNING_RATE = 5e-3
+
+
+def replay_settings(repeats: int, steps: int = REPLAY_STEPS) -> DemoSettings:
+  """The replayed demo model with `repeats` stages: max(6 // repeats, 1)
+  unique layers, trained `steps` steps."""
+  return DemoSettings(num_unique_layers=max(6 // repeats, 1),
+                      num_repeats=repeats, steps=steps,
+                      batch_size=REPLAY_BATCH_SIZE,
+                      learning_rate=REPLAY_LEARNING_RATE)
 
 
 def wide_config(g: int, r: int, width: int, dtype: str = 'float32',
@@ -92,8 +116,12 @@ def _forward(module, params, batch, enable_dropout=False, rngs=None):
       enable_dropout=enable_dropout, rngs=rngs)
 
 
-def train(settings: DemoSettings) -> Tuple[Any, List[Dict]]:
-  """Trains the demo model; returns (params, history of logged metrics)."""
+def train(settings: DemoSettings, progress_bar: bool = True
+          ) -> Tuple[Any, List[Dict]]:
+  """Trains the demo model; returns (params, history of logged metrics).
+
+  `progress_bar`: show the steps, losses and flip rates on stderr.
+  """
   module = network.SpeedTransformer(settings.config())
   batches = _batches('train', settings.batch_size, pack=True, shuffle=True,
                      seed=settings.seed).as_numpy_iterator()
@@ -125,7 +153,7 @@ def train(settings: DemoSettings) -> Tuple[Any, List[Dict]]:
 
   history = []
   bar = tqdm.tqdm(range(1, settings.steps + 1), desc='training', unit='step',
-                  dynamic_ncols=True)
+                  dynamic_ncols=True, disable=not progress_bar)
   batch = first
   for step in bar:
     params, opt_state, per_exit, stats = train_step(params, opt_state, batch)
@@ -147,10 +175,11 @@ def train(settings: DemoSettings) -> Tuple[Any, List[Dict]]:
 
 
 def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
-                  log=print) -> Tuple[Any, Dict]:
+                  log=print, progress_bar: bool = True) -> Tuple[Any, Dict]:
   """Parameters from `out_dir` if saved with the same settings, else trains.
 
-  Returns (params, metadata with the training history and time).
+  Returns (params, metadata with the training history and time, and
+  'loaded': whether the parameters were reloaded).
   """
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, settings.name + '.msgpack')
@@ -164,12 +193,13 @@ def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
       params = flax.serialization.from_bytes(template, f.read())
     with open(meta_path) as f:
       meta = json.load(f)
-    log(f'Loaded the trained model from {path} (--retrain to train again).')
-    return params, meta
+    log(f'Loaded the trained model from {path} (trained before with the '
+        'same settings; delete it to train again).')
+    return params, {**meta, 'loaded': True}
   log(f'Training {settings.num_unique_layers}x{settings.num_repeats} model '
       f'(width {settings.width}) for {settings.steps} steps on {TASK}...')
   start = time.time()
-  params, history = train(settings)
+  params, history = train(settings, progress_bar)
   meta = {'settings': dataclasses.asdict(settings), 'history': history,
           'train_seconds': time.time() - start}
   with open(path, 'wb') as f:
@@ -177,7 +207,7 @@ def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
   with open(meta_path, 'w') as f:
     json.dump(meta, f, indent=1)
   log(f'Saved parameters to {path}.')
-  return params, meta
+  return params, {**meta, 'loaded': False}
 
 
 def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
@@ -189,7 +219,8 @@ def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
   task = seqio.get_mixture_or_task(TASK)
   vocab = task.output_features['targets'].vocabulary
   prompts, targets = [], []
-  for ex in task.get_dataset(LENGTHS, split=split, shuffle=False).as_numpy_iterator():
+  examples = task.get_dataset(LENGTHS, split=split, shuffle=False)
+  for ex in examples.as_numpy_iterator():
     text = ex['inputs_pretokenized'].decode()
     numbers = text.count(',') + 1
     if min_numbers <= numbers <= max_numbers:
@@ -214,12 +245,13 @@ def exit_consistency(settings: DemoSettings, params, examples: int = 256
   module = network.SpeedTransformer(settings.config())
   correct = agree = flips = 0.0
   count = 0.0
-  for batch in _batches('validation', 32, pack=False, shuffle=False,
-                        seed=0).take(max(examples // 32, 1)).as_numpy_iterator():
+  batches = _batches('validation', 32, pack=False, shuffle=False, seed=0)
+  for batch in batches.take(max(examples // 32, 1)).as_numpy_iterator():
     # [R, batch, length] argmax of every exit.
     preds = np.asarray(jnp.argmax(_forward(module, params, batch), -1))
     weights = batch['decoder_loss_weights']
-    correct += np.sum((preds == batch['decoder_target_tokens']) * weights, (1, 2))
+    correct += np.sum((preds == batch['decoder_target_tokens']) * weights,
+                      (1, 2))
     agree += np.sum((preds == preds[-1]) * weights, (1, 2))
     flips += np.sum((preds != np.roll(preds, 1, 0)) * weights, (1, 2))
     count += weights.sum()

@@ -1,30 +1,72 @@
-"""Few-row kernel vs XLA dot at T5-Base width (output: rowmatmul_microbench.txt)."""
-import time, sys, jax, jax.numpy as jnp, numpy as np
-from t5x_speed import rowmatmul as rm
-print(rm._load())
-def bench(f, *a, n=15):
-  jax.block_until_ready(f(*a)); ts=[]
-  for _ in range(n):
-    t=time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter()-t)
-  return min(ts)*1e3
-key=jax.random.PRNGKey(0)
-for dt in (jnp.float32, jnp.bfloat16):
-  ws=[jax.random.normal(jax.random.fold_in(key,i),(2048,768) if i%3==2 else (768,2048),dt) for i in range(24)]
-  for M in (1,2,3,4,12,48):
-    x=jnp.ones((M,768),dt)
-    def chain(x, ws, force):
-      y=x
-      for w in ws:
-        if w.shape[0]==768: z=rm.matmul(y,w,force_xla=force)
-        else: y=rm.matmul(z,w,force_xla=force)*0.01
-      return y
-    k=bench(jax.jit(lambda x,ws: chain(x,ws,False)),x,ws)
-    xl=bench(jax.jit(lambda x,ws: chain(x,ws,True)),x,ws)
-    nb=sum(w.nbytes for w in ws)
-    print(dt.__name__, M, f'kernel {k:.2f} ms ({nb/k/1e6:.1f} GB/s) xla {xl:.2f} ms')
-  E=jax.random.normal(key,(32128,768),dt)
-  for M in (1,3,12):
-    x=jnp.ones((M,768),dt)
-    k=bench(jax.jit(lambda x,E: rm.matmul(x,E,transpose_w=True)),x,E)
-    xl=bench(jax.jit(lambda x,E: rm.matmul(x,E,transpose_w=True,force_xla=True)),x,E)
-    print(dt.__name__,'classifier',M, f'kernel {k:.2f} ms ({E.nbytes/k/1e6:.1f} GB/s) xla {xl:.2f}')
+"""The few-row kernel against XLA's dot at T5-Base width, matmul by matmul.
+
+    python -m tools.rowmatmul_microbench
+
+Times a chain of 24 weight products (8 gated MLP blocks: two [768, 2048]
+matrices and one [2048, 768] each) and the tied classifier ([32128, 768],
+read transposed in place) at 1 to 48 rows, in float32 and bfloat16, with
+`rowmatmul.matmul` (the kernel where it is built) and with `force_xla=True`
+(XLA's dot). Prints the kernel's instruction set, then per case both times
+(best of 15) and the weight bytes the kernel reads per second.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from t5x_speed import rowmatmul
+from tools import common
+
+WIDTH, MLP, VOCAB = 768, 2048, 32128
+ROWS = (1, 2, 3, 4, 12, 48)
+CLASSIFIER_ROWS = (1, 3, 12)
+
+
+def _chain(x, weights, force_xla: bool):
+  """x through each block's [WIDTH, MLP] products, then its [MLP, WIDTH]
+  one, scaled so the values stay bounded."""
+  y = hidden = x
+  for w in weights:
+    if w.shape[0] == WIDTH:
+      hidden = rowmatmul.matmul(y, w, force_xla=force_xla)
+    else:
+      y = rowmatmul.matmul(hidden, w, force_xla=force_xla) * 0.01
+  return y
+
+
+def _classifier(x, table, force_xla: bool):
+  return rowmatmul.matmul(x, table, transpose_w=True, force_xla=force_xla)
+
+
+def _compare(fn, x, w, nbytes: int) -> str:
+  """'kernel T ms (G GB/s) xla T ms' for fn(x, w, force_xla)."""
+  kernel = common.best_time(functools.partial(
+      jax.jit(functools.partial(fn, force_xla=False)), x, w), repeats=15)
+  xla = common.best_time(functools.partial(
+      jax.jit(functools.partial(fn, force_xla=True)), x, w), repeats=15)
+  return (f'kernel {1e3 * kernel:.2f} ms ({nbytes / kernel / 1e9:.1f} GB/s) '
+          f'xla {1e3 * xla:.2f} ms')
+
+
+def main():
+  print(f'few-row kernel: {rowmatmul.isa() or "not available (XLA dot)"}')
+  key = jax.random.PRNGKey(0)
+  for dtype in (jnp.float32, jnp.bfloat16):
+    weights = [jax.random.normal(jax.random.fold_in(key, i),
+                                 (MLP, WIDTH) if i % 3 == 2 else
+                                 (WIDTH, MLP),
+                                 dtype) for i in range(24)]
+    nbytes = sum(w.nbytes for w in weights)
+    for rows in ROWS:
+      x = jnp.ones((rows, WIDTH), dtype)
+      print(jnp.dtype(dtype).name, rows, _compare(_chain, x, weights, nbytes))
+    table = jax.random.normal(key, (VOCAB, WIDTH), dtype)
+    for rows in CLASSIFIER_ROWS:
+      x = jnp.ones((rows, WIDTH), dtype)
+      print(jnp.dtype(dtype).name, 'classifier', rows,
+            _compare(_classifier, x, table, table.nbytes))
+
+
+if __name__ == '__main__':
+  main()

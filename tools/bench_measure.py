@@ -1,0 +1,271 @@
+"""The bench's measurements: bandwidth probes, timed replays, per-method rows.
+
+`bench_case` times every method of one row group (a GxR model, a batch size
+and a prompt length) on `PROMPTS` held-out prompts and derives each method's
+row: throughput end to end and for decoding alone, loop steps per token,
+bytes read per token and their share of the memory bandwidth. See
+`tools.bench` for what the methods are and how the replay works.
+"""
+
+import functools
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import network
+from t5x_speed import rowmatmul
+from tools import common
+from tools import demo_model
+from tools import replay
+
+LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
+PROMPTS = 16  # the same prompts at every batch size
+XLA_SUFFIX = '_xla'
+# Methods that --xla_baseline times a second time with XLA's dot.
+XLA_BASELINES = ('greedy', 'speed', 'greedy_g', 'greedy_12l')
+
+
+def memory_bandwidth() -> float:
+  """Bytes per second of a jitted reduction over 512 MiB (best of 5)."""
+  x = jnp.ones((128 * 1024 * 1024,), jnp.float32)
+  return x.nbytes / common.best_time(functools.partial(jax.jit(jnp.sum), x))
+
+
+def copy_bandwidth() -> float:
+  """STREAM-like copy of 256 MiB into a preallocated array, bytes read +
+  written per second (best of 5; NumPy, one thread)."""
+  a = np.ones(64 * 1024 * 1024, np.float32)
+  b = np.empty_like(a)
+  return 2 * a.nbytes / common.best_time(lambda: np.copyto(b, a))
+
+
+def base_config(g: int, r: int, dtype: str) -> network.TransformerConfig:
+  """The T5-Base-width GxR model (the tests shrink it)."""
+  return network.TransformerConfig(num_unique_layers=g, num_repeats=r,
+                                   dtype=dtype)
+
+
+def method_configs(g: int, r: int,
+                   args) -> Dict[str, network.TransformerConfig]:
+  """The methods a row group times, each with its model's config."""
+  shared = base_config(g, r, args.dtype)
+  configs = {'greedy': shared, 'speed': shared}
+  if not args.quick:
+    if args.speculative_vocab:
+      configs['speed_short'] = shared
+    configs['greedy_g'] = base_config(g, 1, args.dtype)
+    configs['greedy_12l'] = base_config(12, 1, args.dtype)
+    try:
+      import t5x.decoding  # pylint: disable=g-import-not-at-top,unused-import
+      configs['t5x_sample'] = shared
+    except ImportError:
+      pass
+  if args.xla_baseline and rowmatmul.available():
+    for method in XLA_BASELINES:
+      if method in configs:
+        configs[method + XLA_SUFFIX] = configs[method]
+  return configs
+
+
+def replayed_method(method: str) -> str:
+  """The decode method a bench method replays ('speed_xla' -> 'speed')."""
+  return method[:-len(XLA_SUFFIX)] if method.endswith(XLA_SUFFIX) else method
+
+
+class BatchRun:
+  """One recorded batch of one method: call() -> (`DecodeResult`, (prefill
+  seconds, decode seconds)), each part timed to completion."""
+
+  def __init__(self, prefill, decode, params, rec: Dict[str, Any]):
+    self._prefill = functools.partial(prefill, params,
+                                      *(jnp.asarray(rec[k]) for k in (
+                                          'prompts', 'lengths')))
+    self._decode = functools.partial(decode, params)
+    self._replay = tuple(jnp.asarray(rec[k]) for k in (
+        'lengths', 'by_position', 'predictions'))
+
+  def __call__(self):
+    start = time.perf_counter()
+    inputs, cache = jax.block_until_ready(self._prefill())
+    middle = time.perf_counter()
+    out = jax.block_until_ready(self._decode(inputs, cache, *self._replay))
+    return out, (middle - start, time.perf_counter() - middle)
+
+
+def layer_and_classifier_bytes(config) -> Dict[str, float]:
+  """Bytes of one unique layer's weights, of the classifier, and of one
+  virtual layer's key + value at one position."""
+  e, f, h = config.emb_dim, config.mlp_dim, config.num_heads * config.head_dim
+  size = jnp.dtype(config.dtype).itemsize
+  layer = size * (4 * e * h + (len(config.mlp_activations) + 1) * e * f)
+  return {'layer': layer, 'classifier': size * config.vocab_size * e,
+          'kv_per_position': size * 2 * h}
+
+
+def _time_methods(runs: Dict[str, List[BatchRun]], repeats: int,
+                  log: Callable[[str], None], advance: Callable[[], None]):
+  """Interleaved rounds over every method's batches, a bandwidth probe
+  leading each round. Returns ({method: [per-round (prefill, decode)
+  seconds]}, {method: last round's results}, probes in bytes/s)."""
+  times = {m: [] for m in runs}
+  outputs = {}
+  probes = []
+  for round_index in range(repeats):
+    # A shared host's bandwidth drifts: probe it in every round, next to the
+    # methods. The faster probe counts, so the share is not flattered.
+    log(f'round {round_index + 1}/{repeats}: memory bandwidth probe')
+    probes.append(max(memory_bandwidth(), copy_bandwidth()))
+    for method, batch_runs in runs.items():
+      log(f'round {round_index + 1}/{repeats}: {method}')
+      results = [run() for run in batch_runs]
+      outputs[method] = [res for res, _ in results]
+      times[method].append(np.sum([t for _, t in results], axis=0))
+      advance()
+  return times, outputs, probes
+
+
+def _method_row(method, cfg, results, times, recs, reference, sizes, args,
+                batch: int, cache_length: int, bandwidth: float
+                ) -> Dict[str, Any]:
+  """One method's row of a row group (see `tools.bench_report`)."""
+  tokens = sum(rec['tokens'] for rec in recs)
+  prefill_seconds, decode_seconds = np.median(times, axis=0)
+  seconds = float(np.median(np.sum(times, axis=1)))
+  identical = all(np.array_equal(np.asarray(res.sequences),
+                                 np.asarray(ref.sequences))
+                  for res, ref in zip(results, reference))
+  kv_bytes = (batch * cfg.num_layers * sizes['kv_per_position'] *
+              cache_length)                      # every layer, every row
+  pipelined = replayed_method(method) in replay.PIPELINED
+  if pipelined:
+    stats = [res.stats for res in results]
+    loop_steps = sum(int(np.asarray(st.num_steps).max()) for st in stats)
+    steps_per_token = sum(float(np.asarray(st.num_steps).sum())
+                          for st in stats) / tokens
+    flushes = sum(int(np.asarray(st.flushes).sum()) for st in stats)
+    recorded = sum(rec['summary']['flushes'] for rec in recs)
+    assert flushes == recorded, 'replay diverged from the recording'
+    classifier = sizes['classifier'] * (
+        1 + args.speculative_vocab / cfg.vocab_size
+        if replayed_method(method) == 'speed_short' else 1)
+    weight_bytes = cfg.num_unique_layers * sizes['layer'] + classifier
+  else:
+    loop_steps = sum(int(rec['row_tokens'].max()) for rec in recs)
+    steps_per_token = 1.0
+    weight_bytes = cfg.num_layers * sizes['layer'] + sizes['classifier']
+  bytes_per_token = (weight_bytes + kv_bytes) * loop_steps / tokens
+  return {
+      'seconds': seconds, 'tokens': tokens,
+      'tokens_per_second': tokens / seconds,
+      'ms_per_token_per_sequence': 1e3 * seconds * batch / tokens,
+      'prefill_seconds': float(prefill_seconds),
+      'decode_seconds': float(decode_seconds),
+      'decode_tokens_per_second': tokens / decode_seconds,
+      'decode_ms_per_token_per_sequence': (1e3 * decode_seconds * batch /
+                                           tokens),
+      'replay_consistent': identical,
+      'loop_steps': loop_steps, 'steps_per_token': steps_per_token,
+      'rows_free_ideal_speedup': (cfg.num_repeats / steps_per_token
+                                  if pipelined else None),
+      'weight_bytes_per_token': weight_bytes * loop_steps / tokens,
+      'bytes_per_token': bytes_per_token,
+      # The bytes are those of decoding, so the time is decoding's too.
+      'bandwidth_bound_fraction': bytes_per_token / bandwidth /
+                                  (decode_seconds / tokens),
+  }
+
+
+def _add_ratios(rows: Dict[str, Dict[str, Any]]):
+  """Each row against greedy and the G-layer model of its matmul path."""
+  for method, row in rows.items():
+    # *_xla rows against the *_xla baselines.
+    suffix = XLA_SUFFIX if method.endswith(XLA_SUFFIX) else ''
+    greedy = rows['greedy' + suffix]
+    row['vs_greedy_same_model'] = (row['tokens_per_second'] /
+                                   greedy['tokens_per_second'])
+    row['decode_vs_greedy_same_model'] = (row['decode_tokens_per_second'] /
+                                          greedy['decode_tokens_per_second'])
+    row['bytes_ideal_speedup'] = (greedy['bytes_per_token'] /
+                                  row['bytes_per_token'])
+    if 'greedy_g' + suffix in rows:
+      g_row = rows['greedy_g' + suffix]
+      row['vs_unshared_g_layers'] = (row['tokens_per_second'] /
+                                     g_row['tokens_per_second'])
+      row['decode_vs_unshared_g_layers'] = (
+          row['decode_tokens_per_second'] / g_row['decode_tokens_per_second'])
+
+
+def bench_case(g: int, r: int, batch: int, length: str, args, models,
+               progress: Optional[common.Progress] = None,
+               sources: Optional[Dict[int, Any]] = None) -> Dict[str, Any]:
+  """Times every method on PROMPTS held-out prompts in batches of `batch`.
+
+  `models` caches (module, params) by (G, R) across row groups, `sources`
+  the trained demo models by R; `progress` gets a line per compile and per
+  timed pass and one unit per timed pass.
+  """
+  if PROMPTS % batch:
+    raise ValueError(f'batch size {batch} must divide {PROMPTS}.')
+  progress = progress or common.Progress('bench', 0, quiet=True)
+  log = lambda m: progress.log(f'{g}x{r} batch {batch} {length}: {m}')
+  sources = {} if sources is None else sources
+  if r not in sources:
+    sources[r] = replay.demo_schedule_source(
+        r, args.demo_out, args.replay_steps, log=log, quiet=progress.quiet)
+  low, high = LENGTHS[length]
+  prompts, lengths, _ = demo_model.held_out(PROMPTS, split='test',
+                                            min_numbers=low, max_numbers=high)
+  log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
+  recs = [replay.record(sources[r], prompts[i:i + batch],
+                        lengths[i:i + batch])
+          for i in range(0, PROMPTS, batch)]
+  configs = method_configs(g, r, args)
+  runs = {}
+  for method, cfg in configs.items():
+    key = (cfg.num_unique_layers, cfg.num_repeats)
+    if key not in models:
+      log(f'initialising the {key[0]}x{key[1]} model')
+      models[key] = replay.init_model(cfg)
+    module, params = models[key]
+    if method.endswith(XLA_SUFFIX):
+      module = replay.with_xla_matmuls(module)
+    prefill = replay.replay_prefill(module)
+    decode = replay.replay_decode(replayed_method(method), module,
+                                  args.speculative_vocab)
+    runs[method] = [BatchRun(prefill, decode, params, rec) for rec in recs]
+    log(f'compiling {method}')
+    runs[method][0]()
+    progress.advance()
+  times, outputs, probes = _time_methods(runs, args.repeats, log,
+                                         progress.advance)
+  bandwidth = float(np.median(probes))
+  sizes = layer_and_classifier_bytes(configs['greedy'])
+  cache_length = prompts.shape[1] + 1 + demo_model.LENGTHS['targets']
+  rows = {method: _method_row(method, configs[method], results, times[method],
+                              recs, outputs['greedy'], sizes, args, batch,
+                              cache_length, bandwidth)
+          for method, results in outputs.items()}
+  _add_ratios(rows)
+  tokens = sum(rec['tokens'] for rec in recs)
+  flips = {}
+  for key in recs[0]['summary']:
+    if key.startswith('flip_rate'):
+      flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
+  demo_settings = demo_model.replay_settings(r, args.replay_steps)
+  return {'config': f'{g}x{r}', 'batch': batch, 'length': length,
+          'dtype': args.dtype,
+          'bandwidth_probes_gb_s': [p / 1e9 for p in probes],
+          'replay': {'source': 'replayed exits of a demo model with '
+                               f'{demo_settings.num_unique_layers}x{r} '
+                               f'layers trained {args.replay_steps} steps',
+                     'flushes': sum(rec['summary']['flushes']
+                                    for rec in recs),
+                     'tokens': tokens,
+                     'steps_per_token': sum(
+                         rec['summary']['example_steps'] for rec in recs) /
+                                        tokens,
+                     'flip_rate': flips},
+          'methods': rows}

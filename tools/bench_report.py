@@ -1,0 +1,87 @@
+"""The bench's report: the markdown table (bench.md) and the console lines."""
+
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from tools import bench_measure
+from tools import demo_model
+
+
+def ratio(value: Optional[float]) -> str:
+  """'1.23x', or '–' where a ratio does not apply: a baseline that was not
+  run (the G-layer model with --quick) or greedy's rows-free ideal."""
+  return '–' if value is None else f'{value:.2f}x'
+
+
+def _probes(gb_s: Optional[List[float]]) -> str:
+  if not gb_s:  # results without per-round probes
+    return ''
+  return (f'; bandwidth probes {np.median(gb_s):.1f} GB/s median '
+          f'({min(gb_s):.1f}-{max(gb_s):.1f})')
+
+
+def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+  """bench.md: the machine, then one table row per method and row group,
+  then each row group's replayed schedule."""
+  lines = [f'Machine: {meta["machine"]}; JAX {meta["jax"]} on '
+           f'{meta["backend"]}; measured memory bandwidth '
+           f'{meta["bandwidth_gb_s"]:.1f} GB/s (reduction)'
+           + (f', {meta["copy_gb_s"]:.1f} GB/s (copy, r+w)'
+              if 'copy_gb_s' in meta else '') + '; '
+           f'{meta.get("dtype", "float32")}; few-row kernel '
+           f'{meta.get("kernel", "?")}; exits: replay of '
+           f'demo models trained '
+           f'{meta.get("replay_steps", demo_model.REPLAY_STEPS)} steps (see '
+           'tools/bench.py); end-to-end time per batch, '
+           f'{bench_measure.PROMPTS} prompts per row group. tokens/s and vs '
+           'greedy: end to end, prefill included; decode columns: decoding '
+           'alone. rows-free ideal = R / steps per '
+           'token; bytes ideal = greedy\'s bytes per token / the method\'s '
+           '(weights + KV cache); bandwidth-bound = time those bytes take at '
+           'the bandwidth probed in every timed round (median, listed below) '
+           '/ measured decoding time.', '',
+           '| config | batch | length | method | tokens/s | vs greedy | '
+           'decode tokens/s | decode ms/token/seq | decode vs greedy | '
+           'decode vs G-layer | steps/token | rows-free ideal | '
+           'bytes ideal | bandwidth-bound | replay consistent |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for res in results:
+    for method, row in res['methods'].items():
+      lines.append(
+          f'| {res["config"]} | {res["batch"]} | {res["length"]} | {method} | '
+          f'{row["tokens_per_second"]:.1f} | '
+          f'{row["vs_greedy_same_model"]:.2f}x | '
+          f'{row["decode_tokens_per_second"]:.1f} | '
+          f'{row["decode_ms_per_token_per_sequence"]:.1f} | '
+          f'{row["decode_vs_greedy_same_model"]:.2f}x | '
+          f'{ratio(row.get("decode_vs_unshared_g_layers"))} | '
+          f'{row["steps_per_token"]:.2f} | '
+          f'{ratio(row["rows_free_ideal_speedup"])} | '
+          f'{row["bytes_ideal_speedup"]:.2f}x | '
+          f'{row["bandwidth_bound_fraction"]:.0%} | '
+          f'{row["replay_consistent"]} |')
+  lines.append('')
+  lines.append('Replayed schedules (flip rate = share of tokens whose '
+               'prediction changes at that stage):')
+  for res in results:
+    flips = ', '.join(f'{k.split("/")[1]} {v:.1%}'
+                      for k, v in res['replay']['flip_rate'].items())
+    lines.append(f'- {res["config"]} batch {res["batch"]} {res["length"]}: '
+                 f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
+                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}' +
+                 _probes(res.get('bandwidth_probes_gb_s')))
+  return '\n'.join(lines)
+
+
+def row_group_line(res: Dict[str, Any]) -> str:
+  """One console line per finished row group: every method's tokens/s and
+  SPEED's speedup over greedy."""
+  methods = res['methods']
+  speed = methods['speed']
+  return (f'{res["config"]} batch {res["batch"]} {res["length"]}: ' +
+          ', '.join(f'{k} {v["tokens_per_second"]:.1f} tok/s'
+                    for k, v in methods.items()) +
+          f'; SPEED {speed["vs_greedy_same_model"]:.2f}x greedy '
+          f'({speed["decode_vs_greedy_same_model"]:.2f}x decoding alone), '
+          f'{speed["steps_per_token"]:.2f} steps/token')

@@ -1,0 +1,135 @@
+"""Pieces the tools share: help layout, progress lines, timing, the host.
+
+Nothing here is specific to one tool: `HelpFormatter` for their command
+lines, `Progress` for the lines that long runs write to stderr, `best_time`
+and `interleaved_passes` for timing, `cpu_model` for reports.
+"""
+
+import argparse
+import platform
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+
+import jax
+import numpy as np
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+  """Keeps the module docstring's layout and shows every flag's default."""
+
+
+def add_quiet_flag(parser: argparse.ArgumentParser):
+  """The tools' --quiet: no progress lines on stderr."""
+  parser.add_argument('--quiet', action='store_true',
+                      help='write no progress lines (stage, elapsed time, '
+                      'estimated time left) to stderr; results still print.')
+
+
+def _clock(seconds: float) -> str:
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  return (f'{hours}:{rest // 60:02d}:{rest % 60:02d}' if hours else
+          f'{rest // 60}:{rest % 60:02d}')
+
+
+class Progress:
+  """Progress lines on stderr: what runs now, time elapsed and time left.
+
+  Work is counted in units (`total` of them, e.g. one per timed pass); the
+  estimate of the time left assumes the remaining units take as long as the
+  finished ones did on average.
+
+  Example:
+    >>> progress = Progress('bench', total=4, quiet=True)
+    >>> progress.log('batch 1: compiling')
+    >>> progress.advance(2)
+    >>> progress.done
+    2.0
+  """
+
+  def __init__(self, name: str, total: float, quiet: bool = False,
+               stream: Optional[TextIO] = None):
+    if total < 0:
+      raise ValueError(f'total must be >= 0, got {total}.')
+    self.name = name
+    self.total = float(total)
+    self.quiet = quiet
+    self.done = 0.0
+    self._stream = stream
+    self._start = time.perf_counter()
+
+  def elapsed(self) -> float:
+    return time.perf_counter() - self._start
+
+  def remaining(self) -> Optional[float]:
+    """Estimated seconds left, None before the first finished unit."""
+    if self.done <= 0 or self.total <= 0:
+      return None
+    return self.elapsed() / self.done * max(self.total - self.done, 0.0)
+
+  def advance(self, units: float = 1.0):
+    self.done += units
+
+  def log(self, message: str):
+    """Writes `[name elapsed, left ~ETA, done/total] message` to stderr."""
+    if self.quiet:
+      return
+    left = self.remaining()
+    eta = '' if left is None else f', ~{_clock(left)} left'
+    share = (f', {self.done / self.total:.0%} done' if self.total else '')
+    stream = self._stream or sys.stderr
+    print(f'[{self.name} {_clock(self.elapsed())}{eta}{share}] {message}',
+          file=stream, flush=True)
+
+
+def best_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+  """Seconds of the fastest of `repeats` calls of `fn`, after a warm-up."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return float(np.min(times))
+
+
+def interleaved_passes(calls: Dict[str, List[Callable[[], Any]]],
+                       repeats: int, on_pass: Optional[Callable[[str, int],
+                                                                None]] = None
+                       ) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
+  """Times passes over each method's calls, the methods interleaved.
+
+  Every method's first call runs once first (compile and warm up). Then
+  each of `repeats` rounds runs every method's calls in turn, each to
+  completion. `on_pass(method, round)` is called before each timed pass.
+
+  Returns:
+    ({method: seconds of each round's pass}, {method: outputs of the last
+    pass}).
+  """
+  for fns in calls.values():
+    jax.block_until_ready(fns[0]())
+  seconds = {m: [] for m in calls}
+  outputs = {}
+  for round_index in range(repeats):
+    for method, fns in calls.items():
+      if on_pass:
+        on_pass(method, round_index)
+      start = time.perf_counter()
+      outputs[method] = [jax.block_until_ready(fn()) for fn in fns]
+      seconds[method].append(time.perf_counter() - start)
+  return seconds, outputs
+
+
+def cpu_model() -> str:
+  """The CPU's model name (from /proc/cpuinfo where there is one)."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()

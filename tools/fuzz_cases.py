@@ -1,0 +1,231 @@
+"""The fuzz's cases: random architectures, weights, prompts and limits.
+
+Cases come in groups that share one architecture and one set of shapes
+(`Group`), so that each group compiles its functions once (`Compiled`;
+compilation, not decoding, dominates on a CPU). A group draws G in 1..4, R in
+1..8, a sharing order, vocabulary 17..1000, width 32..256, batch 1..16 and a
+buffer of 2..32 positions (`draw_group`); each of its cases draws fresh
+weights, prompts and limits (`run_cases`):
+
+* weights: one of four `VARIANTS`, scaling the residual branches (attention
+  and MLP outputs) by 4 (`disagree`: every layer moves the prediction, the
+  exits disagree and SPEED flushes often), 1 (`plain`), 0.05 (`agree`: the
+  exits agree for long runs) or 0 (`identical`: the exits agree everywhere);
+* prompts: ragged, lengths in [0, length - 1], with length 0 (decode from
+  BOS) and the full buffer (one token left) drawn often; bidirectional
+  prefix attention per row;
+* `max_decode_steps` and `eos_id` per row: steps in 1..length (often past the
+  buffer end); EOS is, per row, a token greedy produces without EOS (so the
+  row ends there), a random id, or -1 (never ends).
+
+`run_cases` decodes them and hands each case to `fuzz_check.check_case`.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import inference
+from t5x_speed import network
+from t5x_speed import rowmatmul
+from t5x_speed import steps
+from tools import fuzz_check
+
+# (name, residual gain, probability) of the weight variants.
+VARIANTS = (('disagree', 4.0, 0.35), ('plain', 1.0, 0.3),
+            ('agree', 0.05, 0.25), ('identical', 0.0, 0.1))
+RESIDUAL_OUTPUTS = ('out', 'wo')
+# Cache elements (cases x batch x layers x length x width) one vmapped call
+# may hold: bounds memory for the largest groups (about 0.5 GB per cache copy
+# in float32).
+CALL_CELLS = 2**27
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """One architecture and set of shapes: compiled once."""
+  g: int
+  r: int
+  sharing: str
+  vocab: int
+  width: int
+  heads: int
+  mlp: int
+  batch: int
+  length: int
+  dtype: str
+
+  def config(self) -> network.TransformerConfig:
+    return network.TransformerConfig(
+        vocab_size=self.vocab, emb_dim=self.width, num_heads=self.heads,
+        head_dim=self.width // self.heads, mlp_dim=self.mlp,
+        num_unique_layers=self.g, num_repeats=self.r, sharing=self.sharing,
+        dtype=self.dtype, relpos_num_buckets=8, relpos_max_distance=32)
+
+  def cases_per_call(self) -> int:
+    """Cases one vmapped call decodes (bounded by `CALL_CELLS`)."""
+    per_case = self.batch * self.g * self.r * self.length * self.width
+    return max(1, CALL_CELLS // per_case)
+
+
+def draw_group(rng: np.random.RandomState, dtype: str) -> Group:
+  """A random architecture and shapes (see the module docstring)."""
+  width = 8 * rng.randint(4, 33)                       # 32..256
+  heads = int(rng.choice([h for h in (1, 2, 4, 8) if width // h >= 8]))
+  return Group(
+      g=rng.randint(1, 5), r=rng.randint(1, 9),
+      sharing=str(rng.choice(['cycle', 'cycle', 'sequence', 'cycle_rev'])),
+      vocab=int(np.exp(rng.uniform(np.log(17), np.log(1001)))),
+      width=width, heads=heads, mlp=8 * rng.randint(width // 8, width // 4 + 1),
+      batch=rng.randint(1, 17), length=rng.randint(2, 33), dtype=dtype)
+
+
+def _draw_params(shapes, key, gain):
+  """Random weights of the `shapes` tree, residual outputs scaled by
+  `gain`."""
+  leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
+  keys = jax.random.split(key, len(leaves))
+  out = []
+  for (path, leaf), k in zip(leaves, keys):
+    names = [getattr(p, 'key', None) for p in path]
+    x = jax.random.normal(k, leaf.shape, leaf.dtype)
+    if 'scale' in names:
+      x = 1.0 + 0.1 * x
+    elif 'kernel' in names:
+      x = x / np.sqrt(leaf.shape[0])
+      if any(n in RESIDUAL_OUTPUTS for n in names):
+        x = x * gain
+    out.append(x)
+  return jax.tree_util.tree_unflatten(tree, out)
+
+
+class Compiled:
+  """The jitted functions of one group, each over a leading case axis:
+  draw (weights), greedy and speed (`decoding.DecodeResult`s), forward (the
+  uncached pass's argmax and top-2 logits)."""
+
+  def __init__(self, group: Group, excess_precision: bool = False):
+    self.group = group
+    module = network.SpeedTransformer(group.config())
+    tokens = jnp.ones((1, 2), jnp.int32)
+    shapes = jax.eval_shape(lambda: module.init(
+        jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
+    length = group.length
+
+    def causal(lengths, bidir):
+      return ((jnp.arange(length) <= lengths[:, None]) &
+              bidir[:, None]).astype(jnp.int32)
+
+    def decoder(name):
+      def run(params, inputs, lengths, bidir, max_steps, eos):
+        # Looked up when traced, so that a test can replace a decode fn.
+        decode_fn = getattr(decoding, name)
+        bound = steps.BoundSteps(module, params)
+        cache = bound.prefill(inputs, lengths, causal(lengths, bidir))
+        return decoding.decode(
+            decode_fn, eos_id=eos, max_decode_steps=max_steps,
+            **bound.decode_fn_kwargs(decode_fn, inputs, cache, lengths))
+      return run
+
+    def forward(params, sequence, lengths, bidir):
+      logits = module.apply({'params': params}, sequence,
+                            jnp.ones_like(sequence),
+                            decoder_causal_attention=causal(lengths, bidir),
+                            enable_dropout=False, all_exits=False)
+      return (jnp.argmax(logits, -1).astype(jnp.int32),
+              jax.lax.top_k(logits, 2)[0])
+
+    jit = functools.partial(jax.jit, compiler_options=(
+        None if excess_precision else inference.COMPILER_OPTIONS))
+    # float32 decodes all the group's cases in one vmapped call, paying the
+    # loops' per-step overhead once. bfloat16 decodes them one at a time,
+    # each with the program a user runs: under vmap XLA batches the
+    # attention's dots differently, which moves bf16 rounding in greedy's
+    # program but not in SPEED's.
+    one_at_a_time = group.dtype == 'bfloat16'
+    self.draw = jit(jax.vmap(functools.partial(_draw_params, shapes)))
+    self.greedy = _map_cases(decoder('greedy_decode'), jit, one_at_a_time)
+    self.speed = _map_cases(decoder('speed_decode'), jit, one_at_a_time)
+    self.forward = jit(jax.vmap(forward))
+    # Where every decode-step matmul of both loops runs on the row-independent
+    # kernel (SPEED's B*R rows included) in the user's program, SPEED's tokens
+    # must be greedy's exactly, near-tie or not.
+    self.bit_exact = (one_at_a_time and not excess_precision and
+                      rowmatmul.available() and
+                      group.batch * group.r <= rowmatmul.MAX_ROWS)
+
+
+def _map_cases(fn, jit, one_at_a_time: bool):
+  """jit(fn) over a leading case axis: vmapped, or by a host loop."""
+  if not one_at_a_time:
+    return jit(jax.vmap(fn))
+  single = jit(fn)
+
+  def mapped(*args):
+    count = jax.tree.leaves(args)[0].shape[0]
+    outs = [single(*jax.tree.map(lambda x, c=c: x[c], args))
+            for c in range(count)]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+  return mapped
+
+
+def run_cases(compiled: Compiled, rng: np.random.RandomState,
+              report: fuzz_check.Report, count: int, first: str):
+  """Draws and checks `count` cases of one group, adding to `report`."""
+  group = compiled.group
+  batch, length, vocab = group.batch, group.length, group.vocab
+  names, gains, probs = zip(*VARIANTS)
+  variants = rng.choice(len(VARIANTS), size=count, p=probs)
+  params = compiled.draw(
+      jax.random.split(jax.random.PRNGKey(rng.randint(2**31)), count),
+      jnp.asarray(np.array(gains)[variants], jnp.float32))
+  # Prompt lengths in [0, length - 1], the ends drawn often.
+  kind = rng.choice(3, size=(count, batch), p=(0.15, 0.15, 0.7))
+  lengths = np.where(kind == 0, 0, np.where(
+      kind == 1, length - 1, rng.randint(0, length, size=(count, batch))))
+  inputs = rng.randint(0, vocab, size=(count, batch, length))
+  inputs[np.arange(length)[None, None] > lengths[..., None]] = 0
+  inputs[..., 0] = 0
+  bidir = rng.rand(count, batch) < 0.5
+  max_steps = rng.randint(1, length + 1, size=(count, batch))
+  args = (params, jnp.asarray(inputs, jnp.int32),
+          jnp.asarray(lengths, jnp.int32), jnp.asarray(bidir))
+  steps_j = jnp.asarray(max_steps, jnp.int32)
+
+  # The reference: greedy without EOS.
+  refs = compiled.greedy(*args, steps_j,
+                         jnp.full((count, batch), -1, jnp.int32)).sequences
+  refs = np.asarray(refs)[:, :, 0]
+  # Tokens each row may produce.
+  limits = np.minimum(length, lengths + max_steps) - lengths
+  eos = np.empty((count, batch), np.int64)
+  for c, b in np.ndindex(count, batch):
+    u = rng.rand()
+    if u < 0.5:
+      eos[c, b] = rng.choice(
+          refs[c, b, lengths[c, b]:lengths[c, b] + limits[c, b]])
+    elif u < 0.8:
+      eos[c, b] = rng.randint(vocab)
+    else:
+      eos[c, b] = -1
+  eos_j = jnp.asarray(eos, jnp.int32)
+  greedy = compiled.greedy(*args, steps_j, eos_j)
+  speed = compiled.speed(*args, steps_j, eos_j)
+  sequences = np.concatenate([np.zeros((count, batch, 1), refs.dtype), refs],
+                             -1)[..., :length]
+  fwd_argmax, fwd_top2 = compiled.forward(params, jnp.asarray(sequences),
+                                          *args[2:])
+  host = jax.tree.map(np.asarray, (
+      greedy.sequences, greedy.scores, speed.sequences, speed.scores,
+      speed.stats, fwd_argmax, fwd_top2))
+  for c in range(count):
+    case = jax.tree.map(lambda x, c=c: x[c], host)
+    fuzz_check.check_case(
+        group, report, f'{first}+{c} {names[variants[c]]}',
+        compiled.bit_exact, inputs[c], lengths[c], limits[c], eos[c],
+        refs[c], *case)

@@ -1,0 +1,226 @@
+"""Replaying a trained demo model's SPEED schedule on another model.
+
+Base-width training is out of reach on a CPU, so `tools.bench`,
+`tools.sample_bench`, `tools.demo` and `tools.decode_profile` time wide
+models by *replay*: a small model with R stages, trained on the demo task
+(`demo_schedule_source`), decodes prompts with SPEED while its schedule is
+recorded (`record`, `replay_record`); a wide model of the same R then runs
+the full computation and control logic of every step with each exit's
+argmax forced to the recorded prediction (`replay_decoder`, or
+`replay_prefill` and `replay_decode` to time the two parts apart). The wide
+model thus takes exactly the recorded loop steps and flushes; sequential
+decoding is forced to the same tokens.
+
+Every replay returns a `decoding.DecodeResult` (stats None for the
+sequential methods).
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import decoding
+from t5x_speed import inference
+from t5x_speed import network
+from t5x_speed import sampling
+from t5x_speed import steps
+from tools import demo_model
+
+# The logit a forced token gets: far above any the model produces.
+FORCE = 1e9
+# Methods that run SPEED's pipeline (the others decode token by token).
+PIPELINED = ('speed', 'speed_short', 'speed_sample')
+# Methods a replay decodes with (see `replay_decode`).
+METHODS = PIPELINED + ('greedy', 'sample', 't5x_sample')
+
+
+def demo_schedule_source(repeats: int, demo_out: str,
+                         train_steps: int = demo_model.REPLAY_STEPS,
+                         log: Callable[[str], None] = print,
+                         quiet: bool = False
+                         ) -> Tuple[network.SpeedTransformer, Any]:
+  """(module, params) of the trained demo model with `repeats` stages and
+  max(6 // repeats, 1) unique layers, reloaded from `demo_out` or trained
+  there (`demo_model.replay_settings`); `quiet` hides the training's
+  progress bar."""
+  settings = demo_model.replay_settings(repeats, train_steps)
+  params, _ = demo_model.load_or_train(settings, demo_out, log=log,
+                                       progress_bar=not quiet)
+  return network.SpeedTransformer(settings.config()), params
+
+
+def init_model(config: network.TransformerConfig
+               ) -> Tuple[network.SpeedTransformer, Any]:
+  """The module and random parameters, stored in the activation dtype (bf16
+  weights are cast once here, as for serving, not in every step)."""
+  module = network.SpeedTransformer(config)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = jax.jit(lambda: module.init(jax.random.PRNGKey(0), tokens, tokens,
+                                       enable_dropout=False)['params'])()
+  params = jax.tree.map(lambda x: x.astype(config.dtype), params)
+  return module, params
+
+
+def with_xla_matmuls(module: network.SpeedTransformer
+                     ) -> network.SpeedTransformer:
+  """The same model (same parameters) decoding with XLA's dot instead of the
+  few-row kernel: the A/B baseline."""
+  return network.SpeedTransformer(dataclasses.replace(module.config,
+                                                      decode_matmul='xla'))
+
+
+def record(source: Tuple[network.SpeedTransformer, Any], prompts: np.ndarray,
+           lengths: np.ndarray) -> Dict[str, Any]:
+  """The source model's SPEED schedule and tokens on one batch of prompts."""
+  module, params = source
+  out = inference.generate(module, params, prompts, lengths,
+                           max_decode_steps=demo_model.LENGTHS['targets'],
+                           method='speed', bidirectional=True,
+                           record_schedule=True)
+  return replay_record(out, prompts, lengths)
+
+
+def replay_record(out: inference.Generation, prompts: np.ndarray,
+                  lengths: np.ndarray) -> Dict[str, Any]:
+  """A `Generation` with its SPEED schedule (greedy or sampled) as the
+  replay's inputs: the prompts, the produced token at each position (which
+  the sequential replay forces) and each step's exit predictions."""
+  produced = np.asarray(out.tokens)
+  batch = prompts.shape[0]
+  width = prompts.shape[1] + 1 + produced.shape[1]
+  by_position = np.zeros((batch, width + 1), np.int32)   # forced tokens
+  for b in range(batch):
+    start = int(lengths[b]) + 1
+    by_position[b, start:start + produced.shape[1]] = produced[b]
+  return {'prompts': prompts, 'lengths': lengths, 'by_position': by_position,
+          'predictions': np.asarray(out.schedule.predictions),
+          'summary': out.stats.summary(),
+          'row_tokens': np.asarray(out.stats.num_tokens),
+          'tokens': int(np.asarray(out.stats.num_tokens).sum())}
+
+
+def _forced_tokens_to_logits(tokens_to_logits, by_position):
+  """Sequential decoding's logits with the recorded token forced at each
+  position."""
+  def fn(state):
+    logits, cache = tokens_to_logits(state)
+    forced = jnp.take_along_axis(by_position, jnp.clip(
+        state.cur_index + 1, 0, by_position.shape[1] - 1)[:, None], 1)[:, 0]
+    hit = jax.nn.one_hot(forced, logits.shape[-1], dtype=bool)
+    return jnp.where(hit, FORCE, logits), cache
+  return fn
+
+
+def _replayed_pipeline_step(pipeline_step_fn, predictions):
+  """SPEED's step with each exit's argmax forced to the recorded one."""
+  def fn(tokens, carry, positions, cache):
+    kv, step = cache
+    logits, hidden, kv = pipeline_step_fn(tokens, carry, positions, kv)
+    forced = predictions[jnp.minimum(step, predictions.shape[0] - 1)]
+    hit = jax.nn.one_hot(forced, logits.shape[-1], dtype=bool)
+    return jnp.where(hit, FORCE, logits), hidden, (kv, step + 1)
+  return fn
+
+
+def replay_prefill(module: network.SpeedTransformer):
+  """jit fn(params, prompts, lengths) -> (inputs, cache): the prefill that
+  every replayed method starts from (BOS + prompt, prefix attention)."""
+
+  @jax.jit
+  def prefill(params, prompts, lengths):
+    return inference.prepare(steps.BoundSteps(module, params), prompts,
+                             lengths, demo_model.LENGTHS['targets'],
+                             bidirectional=True)
+
+  return prefill
+
+
+def _decode_fn(method: str):
+  if method == 't5x_sample':
+    # T5X is optional: imported only for this method.
+    # pylint: disable-next=g-import-not-at-top
+    from t5x import decoding as t5x_decoding
+    return t5x_decoding.temperature_sample
+  return {'speed': decoding.speed_decode,
+          'speed_short': decoding.speed_decode,
+          'speed_sample': sampling.speed_sample_decode,
+          'greedy': decoding.greedy_decode,
+          'sample': sampling.sample_decode}[method]
+
+
+def replay_decode(method: str, module: network.SpeedTransformer,
+                  speculative_vocab: int = 0):
+  """jit fn(params, inputs, cache, lengths, by_position, predictions,
+  sample=None) -> `DecodeResult`, decoding a recorded batch from
+  `replay_prefill`'s output. See `replay_decoder`."""
+  if method not in METHODS:
+    raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
+  decode_fn = _decode_fn(method)
+  max_steps = demo_model.LENGTHS['targets']
+
+  @jax.jit
+  def run(params, inputs, cache, lengths, by_position, predictions,
+          sample=None):
+    spec = speculative_vocab if method == 'speed_short' else None
+    bound = steps.BoundSteps(module, params, spec)
+    kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
+                  max_decode_steps=max_steps, **(sample or {}))
+    if method in PIPELINED:
+      # The cache carries the step count that indexes the recording.
+      return decoding.decode(
+          decode_fn, cache=(cache, jnp.zeros((), jnp.int32)),
+          pipeline_step_fn=_replayed_pipeline_step(bound.pipeline_step,
+                                                   predictions),
+          num_stages=module.config.num_repeats,
+          initial_carry=bound.initial_carry(inputs.shape[0]), **kwargs)
+    forced = _forced_tokens_to_logits(bound.tokens_to_logits, by_position)
+    if method == 't5x_sample':
+      kwargs.update(topk=1, temperature=0.0)
+    return decoding.decode(decode_fn, cache=cache, tokens_to_logits=forced,
+                           **kwargs)
+
+  return run
+
+
+def replay_decoder(method: str, module: network.SpeedTransformer,
+                   speculative_vocab: int = 0):
+  """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
+  -> `DecodeResult`, replaying a recorded batch, prefill included.
+
+  `method`: greedy, speed, speed_short (SPEED whose speculative exits score
+  only the first `speculative_vocab` token ids), t5x_sample (T5X's
+  temperature_sample with topk=1, where T5X is installed) or a sampler of
+  `t5x_speed.sampling` (sample, speed_sample), which takes
+  sample=dict(decode_rng=..., temperature=..., topp=...).
+  """
+  prefill = replay_prefill(module)
+  decode_batch = replay_decode(method, module, speculative_vocab)
+
+  @jax.jit
+  def run(params, prompts, lengths, by_position, predictions, sample=None):
+    inputs, cache = prefill(params, prompts, lengths)
+    return decode_batch(params, inputs, cache, lengths, by_position,
+                        predictions, sample)
+
+  return run
+
+
+def replay_args(rec: Dict[str, Any]) -> Tuple[jax.Array, ...]:
+  """A record's (prompts, lengths, by_position, predictions) as arrays, in
+  the order `replay_decoder`'s function takes them."""
+  return tuple(jnp.asarray(rec[k]) for k in (
+      'prompts', 'lengths', 'by_position', 'predictions'))
+
+
+def replay_sample_args(setting: Optional[Dict[str, float]], seed: int
+                       ) -> Optional[Dict[str, Any]]:
+  """`sample=` of a replayed sampler: position-keyed noise from PRNGKey(seed)
+  at the setting's temperature and top-p; None for greedy (no setting)."""
+  if setting is None:
+    return None
+  return dict(decode_rng=jax.random.PRNGKey(seed),
+              temperature=jnp.float32(setting['temperature']),
+              topp=jnp.float32(setting['topp']))
