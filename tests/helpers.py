@@ -1,12 +1,21 @@
 """Tiny models shared by the tests."""
 
+import dataclasses
 import functools
+import glob
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import network
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def tiny_config(**overrides) -> network.TransformerConfig:
@@ -74,3 +83,48 @@ def train_sentencepiece(directory: str, lines=None, vocab_size: int = 100) -> st
       input=text, model_prefix=prefix, vocab_size=vocab_size, pad_id=0,
       eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
   return prefix + '.model'
+
+
+@functools.lru_cache(maxsize=None)
+def installed_package() -> 'InstalledPackage':
+  """t5x_speed built into a wheel and installed apart from the checkout.
+
+  A fresh venv gets the wheel in its site-packages and, through a .pth line,
+  this environment's dependencies (a path line: the checkout's editable
+  install, itself a .pth hook there, is not run). T5X, where installed, is
+  linked in beside the wheel as `pip install` would put it, so T5X's default
+  gin search path is the folder that holds t5x_speed/gin. Built once per
+  process.
+  """
+  import site  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  root = tempfile.mkdtemp(prefix='t5x_speed_wheel_')
+  dist = os.path.join(root, 'dist')
+  subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+                  '--no-build-isolation', '-w', dist, str(REPO)],
+                 check=True, capture_output=True)
+  (wheel,) = glob.glob(os.path.join(dist, 't5x_speed-*.whl'))
+  venv = os.path.join(root, 'venv')
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv],
+                 check=True)
+  python = os.path.join(venv, 'bin', 'python')
+  site_dir = subprocess.run(
+      [python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+      check=True, capture_output=True, text=True).stdout.strip()
+  with open(os.path.join(site_dir, 'dependencies.pth'), 'w') as f:
+    f.write('\n'.join(site.getsitepackages()) + '\n')
+  t5x = importlib.util.find_spec('t5x')
+  if t5x is not None:
+    os.symlink(t5x.submodule_search_locations[0],
+               os.path.join(site_dir, 't5x'))
+  subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-deps',
+                  '--target', site_dir, wheel], check=True,
+                 capture_output=True)
+  return InstalledPackage(python=python, site_dir=site_dir, wheel=wheel)
+
+
+@dataclasses.dataclass(frozen=True)
+class InstalledPackage:
+  python: str    # the fresh venv's interpreter
+  site_dir: str  # where the wheel was installed
+  wheel: str     # the built wheel

@@ -71,21 +71,25 @@ def init_params(model, batch, seed=0):
                                      types)['params']
 
 
-def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(REPO,)):
-  """Runs `python -m t5x.<binary>` on CPU from the repository root.
+def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(),
+            python: str = sys.executable, cwd=REPO):
+  """Runs `python -m t5x.<binary>` on CPU.
 
-  `root` goes on PYTHONPATH (the tests' task modules live there); a failure
-  raises AssertionError with the end of stderr. Returns the CompletedProcess.
+  `root` goes on PYTHONPATH (the tests' task modules live there);
+  `search_paths` are added to T5X's own gin search path (none: gin files
+  resolve as in an installed package). A failure raises AssertionError with
+  the end of stderr. Returns the CompletedProcess.
   """
-  cmd = [sys.executable, '-m', f't5x.{binary}']
+  cmd = [python, '-m', f't5x.{binary}']
   cmd += [f'--gin_file={f}' for f in gin_files]
   cmd += [f'--gin.{b}' for b in bindings]
-  cmd += ['--gin_search_paths=' + ','.join(map(str, search_paths)),
-          '--alsologtostderr']
+  if search_paths:
+    cmd.append('--gin_search_paths=' + ','.join(map(str, search_paths)))
+  cmd.append('--alsologtostderr')
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [root, os.environ.get('PYTHONPATH', '')]), CUDA_VISIBLE_DEVICES='',
              JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
+  proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True,
                         text=True, timeout=900)
   if proc.returncode:
     raise AssertionError(f'{binary} failed:\n{proc.stderr[-6000:]}')

@@ -1,6 +1,9 @@
 """End to end through T5X's stock train / eval / infer binaries.
 
-Trains a tiny 2x3 shared model on a seqio task built here (local text, a
+The binaries run t5x_speed as a user installs it: built into a wheel and
+installed into a fresh venv beside T5X (`helpers.installed_package`), run
+from a directory outside the checkout, with the gin files named as installed
+(`t5x_speed/gin/...`, found on T5X's default search path). Trains a tiny 2x3 shared model on a seqio task built here (local text, a
 SentencePiece model trained here), evaluates it (the task metric with SPEED's
 statistics, and per-exit metrics), and runs inference once with SPEED and
 once with greedy decoding: the prediction files must be identical, and
@@ -13,7 +16,6 @@ import functools
 import glob
 import json
 import os
-import pathlib
 import tempfile
 import textwrap
 
@@ -26,7 +28,6 @@ import tensorflow as tf
 import helpers  # pylint: disable=g-import-not-at-top
 import t5x_helpers as th  # pylint: disable=g-import-not-at-top
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS = 40
 FT_STEPS = 4
 TASK_MODULE = textwrap.dedent('''\
@@ -100,8 +101,9 @@ def _tiny_bindings(root: str):
 
 
 def _run(binary: str, root: str, files, bindings):
-  return th.run_t5x(binary, root, [REPO / 'gin' / f for f in files],
-                    _tiny_bindings(root) + bindings)
+  return th.run_t5x(binary, root, [f't5x_speed/gin/{f}' for f in files],
+                    _tiny_bindings(root) + bindings, search_paths=(),
+                    python=helpers.installed_package().python, cwd=root)
 
 
 def _scalars(event_dir: str):

@@ -1,0 +1,101 @@
+"""The package as a user installs it: a wheel, apart from the checkout.
+
+The wheel must carry the gin configs and the kernel's source, and nothing of
+the tools or tests; installed into a fresh venv and run from another
+directory, every library module (the tasks included) imports without the
+checkout, and so without the tools. T5X's stock binaries run from the same
+installed package in test_t5x_binaries.py.
+"""
+
+import importlib.util
+import os
+import subprocess
+import tempfile
+import zipfile
+
+from absl.testing import absltest
+
+import helpers
+
+REPO = helpers.REPO
+LIBRARY = REPO / 't5x_speed'
+
+
+def _library_modules():
+  """Dotted names of the library's modules, from the checkout's files."""
+  names = []
+  for path in sorted(LIBRARY.rglob('*.py')):
+    parts = path.relative_to(REPO).with_suffix('').parts
+    names.append('.'.join(parts[:-1] if parts[-1] == '__init__' else parts))
+  return names
+
+
+class InstalledPackageTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.package = helpers.installed_package()
+
+  def _run(self, code: str) -> str:
+    proc = subprocess.run(
+        [self.package.python, '-c', code], cwd=tempfile.mkdtemp(),
+        env=dict(os.environ, PYTHONPATH='', JAX_PLATFORMS='cpu'),
+        capture_output=True, text=True, timeout=600)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+    return proc.stdout
+
+  def test_wheel_ships_gin_files_and_kernel_source_only(self):
+    with zipfile.ZipFile(self.package.wheel) as wheel:
+      names = set(wheel.namelist())
+    gin_files = {str(p.relative_to(REPO))
+                 for p in (LIBRARY / 'gin').rglob('*.gin')}
+    self.assertGreater(len(gin_files), 20)
+    self.assertEmpty(gin_files - names)
+    self.assertIn('t5x_speed/csrc/rowmatmul.cc', names)
+    self.assertIn('t5x_speed/csrc/row_kernels.h', names)
+    self.assertIn('t5x_speed/tasks/__init__.py', names)
+    self.assertEmpty([n for n in names if n.startswith(('tools/', 'tests/'))])
+
+  def test_every_library_module_imports_apart_from_the_checkout(self):
+    modules = [m for m in _library_modules()
+               if m != 't5x_speed.models' or importlib.util.find_spec('t5x')]
+    out = self._run(
+        'import importlib, sys\n'
+        f'for name in {modules!r}:\n'
+        '  importlib.import_module(name)\n'
+        'import t5x_speed\n'
+        'from gin import resource_reader\n'
+        'assert not any(m == "tools" or m.startswith("tools.") '
+        'for m in sys.modules), "a library module imported the tools"\n'
+        'assert importlib.util.find_spec("tools") is None\n'
+        'print(t5x_speed.__file__)\n'
+        'print(resource_reader._parse_config_path(\n'
+        '    "t5x_speed/gin/models/decoder_only.gin"))\n'
+        'import seqio\n'
+        'print(len(seqio.TaskRegistry.names()))\n')
+    module_file, gin_file, tasks = out.split()
+    self.assertTrue(module_file.startswith(self.package.site_dir), module_file)
+    # gin resolves `t5x_speed/gin/...` through the installed package, from
+    # any working directory and with no search path.
+    self.assertEqual(gin_file, os.path.join(
+        self.package.site_dir, 't5x_speed/gin/models/decoder_only.gin'))
+    self.assertTrue(os.path.isfile(gin_file))
+    self.assertGreater(int(tasks), 5)  # `t5x_speed.tasks` registered its tasks
+
+
+class LibraryIsolationTest(absltest.TestCase):
+
+  def test_library_sources_import_no_tool(self):
+    offenders = []
+    for path in LIBRARY.rglob('*.py'):
+      for number, line in enumerate(path.read_text().splitlines(), 1):
+        words = line.split()
+        if words[:1] in (['import'], ['from']) and len(words) > 1 and (
+            words[1] == 'tools' or words[1].startswith('tools.')):
+          offenders.append(f'{path.relative_to(REPO)}:{number}: {line}')
+    self.assertEmpty(offenders)
+
+
+if __name__ == '__main__':
+  absltest.main()
