@@ -5,7 +5,7 @@
 # wheels (t5x, airio, jestimator, built from their repositories) and then
 # requires every test to run: a skipped test fails the run. CI does this with
 # ../shared/wheels. Without T5X_WHEELS, tests that need T5X skip unless T5X is
-# installed into .venv some other way (see README).
+# installed into .venv some other way (docs/testing.md).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -54,8 +54,7 @@ install-t5x: $(T5X_STAMP)
 # T5X_WHEELS set, T5X_SPEED_REQUIRE_ALL_TESTS makes any skip an error.
 # Much of each test is a single-threaded XLA compile or import, so two
 # pytest-xdist workers (one per core on CI's 2 cores) finish the suite sooner
-# (measured: 37:44 in one process, 26:38 in two, see README);
-# a test class stays on one worker (--dist loadscope), so it shares its setup.
+# (docs/testing.md); a test class stays on one worker (--dist loadscope), so it shares its setup.
 # TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: install kernel $(if $(T5X_WHEELS),install-t5x)
@@ -64,18 +63,23 @@ test: install kernel $(if $(T5X_WHEELS),install-t5x)
 	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) \
 	  $(PYTEST_ARGS)
 
+# The tools run from the repository root (tools/ is not installed). The demo
+# trains its small model once into demo_out/ and reloads it on later runs
+# (DEMO_ARGS="--retrain" trains again).
 demo: install kernel
 	$(BIN)/python -m tools.demo $(DEMO_ARGS)
 
+# The performance tables (docs/performance.md); progress goes to stderr, e.g.
+# BENCH_ARGS="--quick" or BENCH_ARGS="--quiet".
 bench: install kernel
 	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
-# SPEED sampling against sequential sampling (README), e.g.
+# SPEED sampling against sequential sampling (docs/sampling.md), e.g.
 # SAMPLE_BENCH_ARGS="--prompts 8".
 sample-bench: install kernel
 	$(BIN)/python -m tools.sample_bench $(SAMPLE_BENCH_ARGS)
 
-# The exactness fuzz (README): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
+# The exactness fuzz (docs/exactness.md): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
 fuzz: install kernel
 	$(BIN)/python -m tools.fuzz $(FUZZ_ARGS)
 

@@ -70,8 +70,8 @@ class ParameterTest(parameterized.TestCase):
 
   def test_unshared_base_matches_t5x_decoder_only_base(self):
     # T5X's decoder-only Base network (tied logits, one relative-bias table)
-    # has 109,628,544 parameters; see README for the 134,307,072 in the
-    # header comment of its base.gin.
+    # has 109,628,544 parameters; docs/t5x.md#parameter-count explains the
+    # 134,307,072 in the header comment of its base.gin.
     cfg = config_lib.TransformerConfig(num_unique_layers=12, num_repeats=1)
     self.assertEqual(_param_count(cfg), 109_628_544)
 

@@ -256,7 +256,7 @@ class ParagraphPairSource(seqio.DataSource):
         f"'{split}' in a directory set by the environment variable "
         f'{PARAGRAPH_DIR_ENV_VAR} or by '
         't5x_speed.tasks.register_tasks(paragraph_data_dir=...). '
-        'See the README section on preparing the paragraph data.')
+        'See docs/t5x.md, "Paragraph-level Paracrawl".')
 
   def _split_files(self, split: str) -> Tuple[str, Sequence[str]]:
     """Returns ('tsv' or 'tfrecord', sorted file names) of a split."""
