@@ -13,6 +13,7 @@ same bfloat16 values, rounded once to bfloat16 by the kernel:
 Row independence is bit-exact.
 """
 
+import itertools
 import os
 import subprocess
 import sys
@@ -34,10 +35,16 @@ needs_kernel = absltest.skipUnless(rowmatmul.available(),
 
 
 def _data(m, k, n, dtype, transpose_w=False, seed=0):
-  kx, kw = jax.random.split(jax.random.PRNGKey(seed))
-  x = jax.random.normal(kx, (m, k), F32).astype(dtype)
-  w = jax.random.normal(kw, (n, k) if transpose_w else (k, n), F32)
-  return x, w.astype(dtype)
+  # Drawn on the host: a jitted draw compiles once per shape.
+  rng = np.random.RandomState(seed)
+  x = rng.standard_normal((m, k)).astype(np.float32)
+  w = rng.standard_normal((n, k) if transpose_w else (k, n)).astype(np.float32)
+  return jnp.asarray(x.astype(dtype)), jnp.asarray(w.astype(dtype))
+
+
+# One compile per operand shape, shared by every test: the reference of a
+# case is this jitted product of its own operands alone.
+_alone = jax.jit(rowmatmul.matmul, static_argnames=('transpose_w', 'cols'))
 
 
 def _reference(x, w, transpose_w=False, cols=None):
@@ -53,31 +60,37 @@ def _bits(a):
   return a.view(np.uint16 if a.dtype == jnp.bfloat16 else np.uint32)
 
 
-def _assert_close(test, got, x, w, transpose_w=False, cols=None):
+def _assert_close(test, got, x, w, transpose_w=False, cols=None, case=''):
   ref, scale = _reference(x, w, transpose_w, cols)
   got = np.asarray(got, np.float64)
-  test.assertEqual(got.shape, ref.shape)
+  test.assertEqual(got.shape, ref.shape, case)
   tol = 1e-5 * scale + 1e-30
   if jnp.result_type(x.dtype, w.dtype) == BF16:
     tol = tol + 2.0**-8 * np.abs(ref)
   err = np.abs(got - ref)
-  test.assertTrue(np.all(err <= tol), f'max excess {np.max(err - tol):.3g}')
+  test.assertTrue(np.all(err <= tol),
+                  f'{case} max excess {np.max(err - tol):.3g}')
+
+
+def _name(dtype):
+  return jnp.dtype(dtype).name
 
 
 @needs_kernel
 class KernelValuesTest(parameterized.TestCase):
 
-  @parameterized.product(
-      shape=((1, 768, 2048), (3, 2048, 768), (5, 37, 9), (2, 1, 7),
-             (4, 9, 1), (17, 100, 33), (64, 64, 40)),
-      dtype=(F32, BF16), transpose_w=(False, True))
-  def test_equals_dot(self, shape, dtype, transpose_w):
-    m, k, n = shape
-    x, w = _data(m, k, n, dtype, transpose_w)
-    got = jax.jit(lambda x, w: rowmatmul.matmul(x, w, transpose_w=transpose_w))(
-        x, w)
-    self.assertEqual(got.dtype, dtype)
-    _assert_close(self, got, x, w, transpose_w)
+  @parameterized.product(dtype=(F32, BF16), transpose_w=(False, True))
+  def test_equals_dot(self, dtype, transpose_w):
+    """Every shape's product in one compiled program."""
+    shapes = ((1, 768, 2048), (3, 2048, 768), (5, 37, 9), (2, 1, 7),
+              (4, 9, 1), (17, 100, 33), (64, 64, 40))
+    data = [_data(m, k, n, dtype, transpose_w) for m, k, n in shapes]
+    products = jax.jit(lambda data: [
+        rowmatmul.matmul(x, w, transpose_w=transpose_w) for x, w in data])
+    for shape, (x, w), got in zip(shapes, data, products(data)):
+      case = f'shape {shape} {_name(dtype)} transpose_w={transpose_w}'
+      self.assertEqual(got.dtype, dtype, case)
+      _assert_close(self, got, x, w, transpose_w, case=case)
 
   @parameterized.parameters((F32, BF16), (BF16, F32))
   def test_mixed_dtypes_promote_without_a_copy(self, x_dtype, w_dtype):
@@ -138,55 +151,75 @@ class VmapTest(parameterized.TestCase):
   """Under jax.vmap the kernel runs once over all batch elements, each one
   bit-identical to its own unbatched call; unbatched operands broadcast."""
 
-  @parameterized.product(batched=('both', 'x', 'w'), dtype=(F32, BF16),
-                         transpose_w=(False, True), rows=(1, 3, 9))
-  def test_equals_each_element_alone(self, batched, dtype, transpose_w, rows):
+  @parameterized.product(dtype=(F32, BF16), transpose_w=(False, True))
+  def test_equals_each_element_alone(self, dtype, transpose_w):
+    """Each (batched, rows) case's HLO is checked alone; all of them run in
+    one compiled program."""
     k, n, cols = 40, 70, (33 if transpose_w else None)
-    xs, ws = zip(*(_data(rows, k, n, dtype, transpose_w, seed=i)
-                   for i in range(6)))
-    xs, ws = jnp.stack(xs).reshape(2, 3, rows, k), jnp.stack(ws)
-    ws = ws.reshape((2, 3) + ws.shape[1:])
     f = lambda x, w: rowmatmul.matmul(x, w, transpose_w=transpose_w, cols=cols)
-    axes = {'both': (0, 0), 'x': (0, None), 'w': (None, 0)}[batched]
-    x_in = xs if axes[0] == 0 else xs[0, 0]
-    w_in = ws if axes[1] == 0 else ws[0, 0]
-    batched_f = jax.jit(jax.vmap(jax.vmap(f, axes), axes))  # two batch axes
-    hlo = batched_f.lower(x_in, w_in).as_text()
-    self.assertEqual(hlo.count('t5x_speed_rowmatmul'), 1, hlo)
-    self.assertNotIn('while', hlo)
-    got = _bits(batched_f(x_in, w_in))
-    one = jax.jit(f)
-    for i, j in np.ndindex(2, 3):
-      x = x_in[i, j] if axes[0] == 0 else x_in
-      w = w_in[i, j] if axes[1] == 0 else w_in
-      np.testing.assert_array_equal(got[i, j], _bits(one(x, w)), f'{i}, {j}')
-      _assert_close(self, one(x, w), x, w, transpose_w, cols)
+    cases, inputs = [], []
+    for batched, rows in itertools.product(('both', 'x', 'w'), (1, 3, 9)):
+      xs, ws = zip(*(_data(rows, k, n, dtype, transpose_w, seed=i)
+                     for i in range(6)))
+      xs, ws = jnp.stack(xs).reshape(2, 3, rows, k), jnp.stack(ws)
+      ws = ws.reshape((2, 3) + ws.shape[1:])
+      axes = {'both': (0, 0), 'x': (0, None), 'w': (None, 0)}[batched]
+      x_in = xs if axes[0] == 0 else xs[0, 0]
+      w_in = ws if axes[1] == 0 else ws[0, 0]
+      case = (f'batched={batched} rows={rows} {_name(dtype)} '
+              f'transpose_w={transpose_w}')
+      hlo = jax.jit(jax.vmap(jax.vmap(f, axes), axes)).lower(
+          x_in, w_in).as_text()                     # two batch axes
+      self.assertEqual(hlo.count('t5x_speed_rowmatmul'), 1, f'{case}\n{hlo}')
+      self.assertNotIn('while', hlo, case)
+      cases.append((case, axes))
+      inputs.append((x_in, w_in))
+    outputs = jax.jit(lambda inputs: [
+        jax.vmap(jax.vmap(f, axes), axes)(x_in, w_in)
+        for (_, axes), (x_in, w_in) in zip(cases, inputs)])(inputs)
+    for (case, axes), (x_in, w_in), got in zip(cases, inputs, outputs):
+      # Indexed on the host: an eager index compiles once per index.
+      got, x_in, w_in = _bits(got), np.asarray(x_in), np.asarray(w_in)
+      for i, j in np.ndindex(2, 3):
+        x = x_in[i, j] if axes[0] == 0 else x_in
+        w = w_in[i, j] if axes[1] == 0 else w_in
+        one = _alone(x, w, transpose_w=transpose_w, cols=cols)
+        np.testing.assert_array_equal(got[i, j], _bits(one),
+                                      f'{case}: {i}, {j}')
+        _assert_close(self, one, x, w, transpose_w, cols, case=case)
 
 
 @needs_kernel
 class RowIndependenceTest(parameterized.TestCase):
   """Row i of an M-row call is bit-identical to that row alone."""
 
-  @parameterized.product(
-      m=(2, 3, 4, 5, 7, 8, 9, 13, 24, 48, rowmatmul.MAX_ROWS),
-      kn=((37, 5), (8, 1), (1, 9), (100, 130)),
-      dtype=(F32, BF16), transpose_w=(False, True))
-  def test_small(self, m, kn, dtype, transpose_w):
-    self._check(m, *kn, dtype, transpose_w)
+  @parameterized.product(kn=((37, 5), (8, 1), (1, 9), (100, 130)),
+                         dtype=(F32, BF16), transpose_w=(False, True))
+  def test_small(self, kn, dtype, transpose_w):
+    self._check((2, 3, 4, 5, 7, 8, 9, 13, 24, 48, rowmatmul.MAX_ROWS), *kn,
+                dtype, transpose_w)
 
   # Large enough to be split across threads and column chunks.
-  @parameterized.product(m=(2, 3, 5, 12), dtype=(F32, BF16),
-                         transpose_w=(False, True))
-  def test_base_width(self, m, dtype, transpose_w):
-    self._check(m, 768, 2051 if transpose_w else 2048, dtype, transpose_w)
+  @parameterized.product(dtype=(F32, BF16), transpose_w=(False, True))
+  def test_base_width(self, dtype, transpose_w):
+    self._check((2, 3, 5, 12), 768, 2051 if transpose_w else 2048, dtype,
+                transpose_w)
 
-  def _check(self, m, k, n, dtype, transpose_w):
-    x, w = _data(m, k, n, dtype, transpose_w, seed=m)
-    f = jax.jit(lambda x, w: rowmatmul.matmul(x, w, transpose_w=transpose_w))
-    rows = _bits(f(x, w))
-    for i in range(m):
-      np.testing.assert_array_equal(rows[i], _bits(f(x[i:i + 1], w))[0],
-                                    f'row {i} of {m}')
+  def _check(self, ms, k, n, dtype, transpose_w):
+    """Every M of `ms` in one compiled program; each row against the jitted
+    one-row product."""
+    data = [_data(m, k, n, dtype, transpose_w, seed=m) for m in ms]
+    products = jax.jit(lambda data: [
+        rowmatmul.matmul(x, w, transpose_w=transpose_w) for x, w in data])
+    for m, (x, w), got in zip(ms, data, products(data)):
+      # Sliced on the host: an eager slice compiles once per row.
+      rows, x = _bits(got), np.asarray(x)
+      for i in range(m):
+        alone = _alone(x[i:i + 1], w, transpose_w=transpose_w)
+        np.testing.assert_array_equal(
+            rows[i], _bits(alone)[0],
+            f'row {i} of {m} (K={k}, N={n}, {_name(dtype)}, '
+            f'transpose_w={transpose_w})')
 
 
 @needs_kernel

@@ -6,6 +6,7 @@ per-row setting (they are traced arguments); top-k and num_decodes are
 static, so they vary across architectures.
 """
 
+import functools
 import random
 
 from absl.testing import absltest
@@ -45,20 +46,25 @@ def _batch(batch, seed):
 
 
 def _decoders(module, params, num_decodes, topk):
-  """Jitted (sequential, SPEED) samplers over traced settings, returning
-  `decoding.DecodeResult`s."""
+  """One jitted program over traced settings running both samplers,
+  returning `decoding.DecodeResult`s (sequential, SPEED)."""
   bound = steps.BoundSteps(module, params)
 
-  def run(fn, inputs, lengths, rng, temperature, topp, eos, max_steps):
-    cache = bound.prefill(inputs, lengths)
+  def run(fn, inputs, lengths, cache, rng, temperature, topp, eos, max_steps):
     return decoding.decode(
         fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=eos,
         decode_rng=rng, temperature=temperature, topk=topk,
         topp=0.0 if topk else topp, num_decodes=num_decodes,
         max_decode_steps=max_steps)
 
-  return (jax.jit(lambda *a: run(sampling.sample_decode, *a)),
-          jax.jit(lambda *a: run(sampling.speed_sample_decode, *a)))
+  @jax.jit
+  def both(inputs, lengths, *settings):
+    cache = bound.prefill(inputs, lengths)
+    return tuple(run(fn, inputs, lengths, cache, *settings)
+                 for fn in (sampling.sample_decode,
+                            sampling.speed_sample_decode))
+
+  return both
 
 
 class SpeedSampleEqualsSampleTest(parameterized.TestCase):
@@ -66,7 +72,7 @@ class SpeedSampleEqualsSampleTest(parameterized.TestCase):
   @parameterized.parameters(*_architectures(4))
   def test_random_models(self, g, r, sharing, batch, num_decodes, topk, seed):
     module, params = random_model(g, r, sharing, seed, VOCAB)
-    sample, speed = _decoders(module, params, num_decodes, topk)
+    decode = _decoders(module, params, num_decodes, topk)
     inputs, lengths = _batch(batch, seed)
     rng = np.random.RandomState(seed)
     settings = [(0.5, 0.0), (0.7, 0.0), (1.0, 0.0), (1.0, 0.9), (0.7, 0.9)]
@@ -81,7 +87,7 @@ class SpeedSampleEqualsSampleTest(parameterized.TestCase):
               jnp.float32(topp),
               jnp.asarray(rng.choice([1, -1], size=batch), jnp.int32),
               jnp.asarray(rng.randint(1, LENGTH + 1, size=batch), jnp.int32))
-      want, got = sample(*args), speed(*args)
+      want, got = decode(*args)
       np.testing.assert_array_equal(got.sequences, want.sequences,
                                     err_msg=f'setting {i}')
       np.testing.assert_allclose(got.scores, want.scores, rtol=1e-4,
@@ -130,16 +136,16 @@ class SpeedSampleEqualsSampleTest(parameterized.TestCase):
 
   def test_rng_decides_the_samples(self):
     module, params = random_model(2, 3, 'cycle', 8, VOCAB)
-    sample, speed = _decoders(module, params, 4, 0)
+    both = _decoders(module, params, 4, 0)
     inputs, lengths = _batch(2, 8)
-    decode = lambda fn, seed: np.asarray(fn(
+    decode = lambda seed: [np.asarray(result.sequences) for result in both(
         inputs, lengths, jax.random.PRNGKey(seed), jnp.ones((2,)),
         jnp.float32(0), jnp.full((2,), -1, jnp.int32),
-        jnp.full((2,), LENGTH, jnp.int32)).sequences)
-    first = decode(sample, 1)
-    np.testing.assert_array_equal(decode(sample, 1), first)
-    np.testing.assert_array_equal(decode(speed, 1), first)
-    self.assertFalse(np.array_equal(decode(sample, 2), first))
+        jnp.full((2,), LENGTH, jnp.int32))]
+    first, speed = decode(1)
+    np.testing.assert_array_equal(decode(1)[0], first)
+    np.testing.assert_array_equal(speed, first)
+    self.assertFalse(np.array_equal(decode(2)[0], first))
     # The 4 samples of an example differ from each other (decode index).
     self.assertGreater(len({tuple(s) for s in first[0]}), 1)
 
@@ -158,6 +164,50 @@ def _chi2_pvalue(counts, expected):
   return float(jax.scipy.special.gammaincc(dof / 2, stat / 2))
 
 
+# (setting, a different setting) pairs of `DistributionTest`.
+DISTRIBUTION_SETTINGS = (
+    dict(temperature=0.7, topk=0, topp=0.0, other=dict(temperature=1.0)),
+    dict(temperature=1.0, topk=4, topp=0.0, other=dict(topk=6)),
+    dict(temperature=1.0, topk=0, topp=0.8, other=dict(topp=0.95)))
+SAMPLES = 8000
+
+
+def _filtered_probs(logits, temperature, topk, topp):
+  rule = sampling.PositionKeyedSampler(
+      row_keys=jax.random.PRNGKey(0)[None],
+      temperature=jnp.array([temperature], jnp.float32),
+      topp=jnp.float32(topp), topk=topk, use_topp=topp > 0)
+  return jax.nn.softmax(rule.filtered(logits))[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _first_tokens():
+  """Per setting of `DISTRIBUTION_SETTINGS`: the first tokens of `SAMPLES`
+  SPEED samples of one prompt, and softmax(filtered logits / T) of its
+  setting and of its other setting; one compiled program for all."""
+  module, params = tiny_model(vocab_size=VOCAB)
+  bound = steps.BoundSteps(module, params)
+
+  @jax.jit
+  def run(inputs, lengths, rng):
+    cache = bound.prefill(inputs, lengths)
+    logits = bound.decode_step(jnp.array([9]), jnp.array([2]), cache)[0]
+    out = []
+    for entry in DISTRIBUTION_SETTINGS:
+      setting = {k: entry[k] for k in ('temperature', 'topk', 'topp')}
+      decodes, _ = sampling.speed_sample_decode(
+          **bound.decode_fn_kwargs(sampling.speed_sample_decode, inputs,
+                                   cache, lengths), eos_id=1,
+          decode_rng=rng, num_decodes=SAMPLES, max_decode_steps=1,
+          **setting)
+      out.append((decodes[0, :, 2], _filtered_probs(logits, **setting),
+                  _filtered_probs(logits, **{**setting, **entry['other']})))
+    return out
+
+  return jax.device_get(run(jnp.array([[0, 5, 9, 0, 0]]), jnp.array([2]),
+                            jax.random.PRNGKey(11)))
+
+
 class DistributionTest(parameterized.TestCase):
   """The first sampled token follows softmax(filtered logits / T).
 
@@ -166,37 +216,13 @@ class DistributionTest(parameterized.TestCase):
   rejected against the distribution of a different setting (power).
   """
 
-  @parameterized.parameters(
-      dict(temperature=0.7, topk=0, topp=0.0, other=dict(temperature=1.0)),
-      dict(temperature=1.0, topk=4, topp=0.0, other=dict(topk=6)),
-      dict(temperature=1.0, topk=0, topp=0.8, other=dict(topp=0.95)))
-  def test_first_token(self, temperature, topk, topp, other):
-    module, params = tiny_model(vocab_size=VOCAB)
-    bound = steps.BoundSteps(module, params)
-    inputs, lengths = jnp.array([[0, 5, 9, 0, 0]]), jnp.array([2])
-    cache = bound.prefill(inputs, lengths)
-    n = 8000
-    decodes, _ = sampling.speed_sample_decode(
-        **bound.decode_fn_kwargs(sampling.speed_sample_decode, inputs,
-                                 cache, lengths), eos_id=1,
-        decode_rng=jax.random.PRNGKey(11), num_decodes=n,
-        temperature=temperature, topk=topk, topp=topp, max_decode_steps=1)
-    first = np.asarray(decodes)[0, :, 2]
+  @parameterized.parameters(*range(len(DISTRIBUTION_SETTINGS)))
+  def test_first_token(self, index):
+    first, probs, other = _first_tokens()[index]
     counts = np.bincount(first, minlength=VOCAB)
-    logits = bound.decode_step(jnp.array([9]), jnp.array([2]), cache)[0]
-
-    def probs(**setting):
-      s = dict(temperature=temperature, topk=topk, topp=topp)
-      s.update(setting)
-      rule = sampling.PositionKeyedSampler(
-          row_keys=jax.random.PRNGKey(0)[None],
-          temperature=jnp.array([s['temperature']], jnp.float32),
-          topp=jnp.float32(s['topp']), topk=s['topk'],
-          use_topp=s['topp'] > 0)
-      return np.asarray(jax.nn.softmax(rule.filtered(logits)))[0]
-
-    self.assertGreater(_chi2_pvalue(counts, n * probs()), 1e-3)
-    self.assertLess(_chi2_pvalue(counts, n * probs(**other)), 1e-3)
+    setting = DISTRIBUTION_SETTINGS[index]
+    self.assertGreater(_chi2_pvalue(counts, SAMPLES * probs), 1e-3, setting)
+    self.assertLess(_chi2_pvalue(counts, SAMPLES * other), 1e-3, setting)
 
 
 class FilterTest(absltest.TestCase):
@@ -253,6 +279,14 @@ class GenerateTest(absltest.TestCase):
 
 class ArgumentTest(parameterized.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    module, params = tiny_model(vocab_size=VOCAB)
+    cls.bound = steps.BoundSteps(module, params)
+    cls.inputs, cls.lengths = _batch(2, 0)
+    cls.cache = jax.jit(cls.bound.prefill)(cls.inputs, cls.lengths)
+
   @parameterized.named_parameters(
       ('negative_temperature', dict(temperature=-0.5), 'temperature'),
       ('temperature_shape', dict(temperature=jnp.ones((3,))), 'temperature'),
@@ -266,14 +300,10 @@ class ArgumentTest(parameterized.TestCase):
        r'decode_rng must be one PRNG key.*shape \(2, 2\)'),
       ('rescale', dict(rescale_log_probs=1), 'rescale_log_probs'))
   def test_bad_arguments_raise(self, kwargs, message):
-    module, params = tiny_model(vocab_size=VOCAB)
-    bound = steps.BoundSteps(module, params)
-    inputs, lengths = _batch(2, 0)
-    cache = bound.prefill(inputs, lengths)
     for fn in (sampling.sample_decode, sampling.speed_sample_decode):
       with self.assertRaisesRegex(ValueError, message):
-        fn(**bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
-           **kwargs)
+        fn(**self.bound.decode_fn_kwargs(fn, self.inputs, self.cache,
+                                         self.lengths), eos_id=1, **kwargs)
 
   def test_greedy_fns_point_to_the_samplers(self):
     with self.assertRaisesRegex(ValueError, 'speed_sample_decode'):

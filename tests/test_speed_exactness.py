@@ -1,5 +1,16 @@
-"""SPEED == greedy, token for token, over many random models and batches."""
+"""SPEED == greedy, token for token, over many random models and batches.
 
+Compilation, not decoding, dominates here, so every case of one architecture
+(G, R, sharing order, prefix attention) is decoded by one compiled program
+(`_arch_program`): its cases are padded to one batch and one buffer, and each
+row gets its own step limit. The program decodes greedily and with SPEED,
+whose pipelined step is instrumented for the adversarial and prompt-cache
+cases (`_instrumented`: the identity for every other case), and with the
+speculative shortlist where a case of the architecture asks for it. Each test
+checks its own cases' rows.
+"""
+
+import dataclasses
 import functools
 import random
 
@@ -13,9 +24,12 @@ from t5x_speed import decoding
 from t5x_speed import inference
 from t5x_speed import steps
 from helpers import random_model
+from helpers import tiny_model
 
 VOCAB = 13     # small, so random models often produce EOS mid-batch
 NEAR_TIE = 1e-4
+PROMPT_WIDTH = 6
+SHORTLIST = 5  # speculative_vocab_size of the shortlist cases
 
 
 def _configs(count, seed=0):
@@ -35,12 +49,158 @@ def _model(g, r, sharing, seed):
   return random_model(g, r, sharing, seed, VOCAB)
 
 
-def _prompts(batch, seed, max_len=6):
+def _prompts(batch, seed, max_len=PROMPT_WIDTH):
   rng = np.random.RandomState(seed)
   lengths = rng.randint(1, max_len + 1, size=batch)
   prompts = rng.randint(2, VOCAB, size=(batch, max_len))
   prompts[np.arange(max_len)[None] >= lengths[:, None]] = 0
   return jnp.asarray(prompts), jnp.asarray(lengths)
+
+
+def _zero_residuals(params):
+  """Every residual branch zeroed: all exits then see the embedding alone."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.zeros_like(x) if any(
+          getattr(p, 'key', None) in ('out', 'wo') for p in path) else x,
+      params)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One model and batch, decoded greedily and with SPEED (eos_id 1)."""
+  g: int
+  r: int
+  sharing: str
+  seed: int                    # the weights (`random_model`)
+  prompt_seed: int             # the prompts (`_prompts`)
+  batch: int
+  steps: int                   # max_decode_steps
+  bidirectional: bool = False  # prefix-LM attention over the prompts
+  zero_residuals: bool = False
+  adversarial: bool = False    # speculative exits pick the least likely token
+  shortlist: bool = False      # also SPEED with speculative_vocab_size
+
+  @property
+  def arch(self):
+    return (self.g, self.r, self.sharing, self.bidirectional)
+
+
+CASES = {f'random{i}': Case(c['g'], c['r'], c['sharing'], c['seed'],
+                            c['seed'], c['batch'], 4 + c['seed'] % 9,
+                            bidirectional=bool(c['seed'] % 2))
+         for i, c in enumerate(_configs(4))}
+CASES.update({f'agreeing{i}': Case(g, r, 'cycle', 7, 3, 5, 10,
+                                   zero_residuals=True)
+              for i, (g, r) in enumerate(((4, 3), (1, 6)))})
+CASES.update({f'shortlist{i}': Case(g, r, 'cycle', seed, seed, 5, 10,
+                                    shortlist=True)
+              for i, (g, r, seed) in enumerate(((2, 3, 41), (1, 4, 43)))})
+CASES.update({f'adversarial{i}': Case(g, r, 'cycle', seed, seed, 4, 9,
+                                      adversarial=True)
+              for i, (g, r, seed) in enumerate(
+                  ((2, 3, 11), (4, 3, 12), (2, 6, 13), (1, 4, 14)))})
+CASES['prompt_cache'] = Case(2, 4, 'cycle', 21, 21, 6, 8)
+
+
+def _instrumented(step, prefilled, lengths, flip):
+  """SPEED's step with the speculative exits' logits times `flip` (-1: the
+  least likely token; +1: unchanged), and every logit negated if an entry of
+  the prompt's cache differs from the prefill's (empty stages, at position
+  -1, must not write over it): a clobbered prompt poisons the committed
+  token."""
+  def wrapped(tokens, carry, positions, cache):
+    logits, hidden, cache = step(tokens, carry, positions, cache)
+    logits = logits.at[:, :-1].multiply(flip)
+    prompt = (jnp.arange(cache.length) < lengths[:, None])[:, None, :, None]
+    intact = jnp.all(jnp.stack([
+        jnp.all(jnp.where(prompt, new == old, True))
+        for new, old in zip(cache.keys + cache.values,
+                            prefilled.keys + prefilled.values)]))
+    return jnp.where(intact, logits, -logits), hidden, cache
+  return wrapped
+
+
+def _generation(result, lengths, max_steps):
+  return inference.Generation(
+      inference.produced_tokens(result.sequences, lengths, max_steps),
+      result.scores[:, 0], result.stats)
+
+
+def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
+  """Jitted decodes of one padded case, as `inference.generate` compiles
+  them, but with one step limit per row: {'greedy', 'speed'[, 'short']}."""
+  module, _ = tiny_model(vocab_size=VOCAB, num_unique_layers=g,
+                         num_repeats=r, sharing=sharing)
+
+  @functools.partial(jax.jit, compiler_options=inference.COMPILER_OPTIONS)
+  def run(params, prompts, lengths, row_steps, flip):
+    bound = steps.BoundSteps(module, params)
+    inputs, cache = inference.prepare(bound, prompts, lengths, max_steps,
+                                      bidirectional)
+
+    def decode(fn, bound, wrap=lambda step: step):
+      kwargs = bound.decode_fn_kwargs(fn, inputs, cache, lengths)
+      if 'pipeline_step_fn' in kwargs:
+        kwargs['pipeline_step_fn'] = wrap(kwargs['pipeline_step_fn'])
+      return _generation(decoding.decode(fn, eos_id=1,
+                                         max_decode_steps=row_steps,
+                                         **kwargs), lengths, max_steps)
+
+    out = dict(greedy=decode(decoding.greedy_decode, bound),
+               speed=decode(decoding.speed_decode, bound, lambda step:
+                            _instrumented(step, cache, lengths, flip)))
+    if shortlist:
+      out['short'] = decode(decoding.speed_decode,
+                            steps.BoundSteps(module, params, SHORTLIST))
+    return out
+
+  return module, run
+
+
+def _pad_rows(x, batch, fill):
+  """`x` with rows of `fill` appended up to `batch` rows: one-token prompts,
+  decoded and ignored."""
+  x = np.asarray(x)
+  return np.concatenate([x, np.full((batch - len(x),) + x.shape[1:], fill,
+                                    x.dtype)])
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_results(arch):
+  """Host results of every case of `arch`, by case name: one compile."""
+  names = [name for name, case in CASES.items() if case.arch == arch]
+  cases = [CASES[name] for name in names]
+  batch = max(case.batch for case in cases)
+  max_steps = max(case.steps for case in cases)
+  module, run = _arch_program(*arch, max_steps,
+                              any(case.shortlist for case in cases))
+  out = {}
+  for name, case in zip(names, cases):
+    _, params = _model(case.g, case.r, case.sharing, case.seed)
+    if case.zero_residuals:
+      params = _zero_residuals(params)
+    prompts, lengths = _prompts(case.batch, case.prompt_seed)
+    result = run(params, _pad_rows(prompts, batch, 2),
+                 _pad_rows(lengths, batch, 1),
+                 _pad_rows(np.full(case.batch, case.steps, np.int32), batch, 1),
+                 jnp.float32(-1.0 if case.adversarial else 1.0))
+    out[name] = (module, params, prompts, lengths,
+                 jax.tree.map(lambda x, n=case.batch: x[:n],
+                              jax.device_get(result)))
+  return out
+
+
+def _decoded(name):
+  """(module, params, prompts, lengths, {'greedy', 'speed'[, 'short']}:
+  `inference.Generation`s of the case's rows, cut to its steps)."""
+  case = CASES[name]
+  module, params, prompts, lengths, out = _arch_results(case.arch)[name]
+  for method, generation in out.items():
+    np.testing.assert_array_equal(generation.tokens[:, case.steps:], 0,
+                                  f'{name} {method}: past its step limit')
+  return module, params, prompts, lengths, {
+      method: generation.replace(tokens=generation.tokens[:, :case.steps])
+      for method, generation in out.items()}
 
 
 def _final_margins(module, params, prompts, lengths, produced):
@@ -89,17 +249,13 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
   # Four configurations here; the CI fuzz slice (test_fuzz.py) adds 200
   # random cases over more prompts and EOS settings, test_sampling.py and
   # test_rowmatmul.py (bf16) eight more random architectures.
-  @parameterized.parameters(*_configs(4))
-  def test_random_models(self, g, r, sharing, batch, seed):
-    module, params = _model(g, r, sharing, seed)
-    prompts, lengths = _prompts(batch, seed)
-    steps = 4 + seed % 9
-    run = functools.partial(inference.generate, module, params, prompts,
-                            lengths, max_decode_steps=steps, eos_id=1,
-                            bidirectional=bool(seed % 2))
-    speed, greedy = run(method='speed'), run(method='greedy')
-    assert_speed_equals_greedy(self, module, params, prompts, lengths, steps,
-                               speed, greedy)
+  @parameterized.parameters(*range(4))
+  def test_random_models(self, index):
+    name = f'random{index}'
+    module, params, prompts, lengths, out = _decoded(name)
+    speed, greedy, r = out['speed'], out['greedy'], CASES[name].r
+    assert_speed_equals_greedy(self, module, params, prompts, lengths,
+                               CASES[name].steps, speed, greedy)
     stats = speed.stats
     np.testing.assert_array_equal(stats.num_tokens,
                                   _produced_count(greedy.tokens, 1))
@@ -110,105 +266,53 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
       np.testing.assert_array_equal(stats.num_steps, stats.num_tokens)
       np.testing.assert_array_equal(stats.flushes, 0)
 
-  @parameterized.parameters((4, 3), (1, 6))
-  def test_agreeing_exits_never_flush(self, g, r):
-    module, params = _model(g, r, 'cycle', seed=7)
-    # Zero every residual branch: all exits then see the embedding alone.
-    params = jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.zeros_like(x) if any(
-            getattr(p, 'key', None) in ('out', 'wo') for p in path) else x,
-        params)
-    prompts, lengths = _prompts(5, seed=3)
-    run = functools.partial(inference.generate, module, params, prompts,
-                            lengths, max_decode_steps=10, eos_id=1)
-    speed, greedy = run(method='speed'), run(method='greedy')
-    np.testing.assert_array_equal(speed.tokens, greedy.tokens)
-    np.testing.assert_array_equal(speed.stats.flushes, 0)
+  @parameterized.parameters(*range(2))
+  def test_agreeing_exits_never_flush(self, index):
+    name = f'agreeing{index}'
+    *_, out = _decoded(name)
+    speed, greedy = out['speed'], out['greedy']
+    np.testing.assert_array_equal(speed.tokens, greedy.tokens, name)
+    np.testing.assert_array_equal(speed.stats.flushes, 0, name)
     # A full pipeline: R - 1 fill steps, then one token per step.
     np.testing.assert_array_equal(speed.stats.num_steps,
-                                  speed.stats.num_tokens + r - 1)
+                                  speed.stats.num_tokens + CASES[name].r - 1,
+                                  name)
 
 
 class ShortlistTest(parameterized.TestCase):
 
-  @parameterized.parameters((2, 3, 41), (1, 4, 43))
-  def test_speculative_shortlist_keeps_the_output(self, g, r, seed):
-    module, params = _model(g, r, 'cycle', seed)
-    prompts, lengths = _prompts(5, seed)
-    run = functools.partial(inference.generate, module, params, prompts,
-                            lengths, max_decode_steps=10)
-    full = run(method='speed')
-    short = run(method='speed', speculative_vocab_size=5)
-    greedy = run(method='greedy')
+  @parameterized.parameters(*range(2))
+  def test_speculative_shortlist_keeps_the_output(self, index):
+    name = f'shortlist{index}'
+    module, params, prompts, lengths, out = _decoded(name)
     assert_speed_equals_greedy(self, module, params, prompts, lengths, 10,
-                               short, greedy)
-    np.testing.assert_array_equal(short.tokens, full.tokens)
-
-
-def _decode_with(module, params, prompts, lengths, max_steps, wrap):
-  """speed_decode with `wrap(step_fn, prefilled_cache, lengths)`."""
-  @jax.jit
-  def run(params, prompts, lengths):
-    bound = steps.BoundSteps(module, params)
-    inputs, cache = inference.prepare(bound, prompts, lengths, max_steps)
-    kwargs = bound.decode_fn_kwargs(decoding.speed_decode, inputs, cache,
-                                    lengths)
-    kwargs['pipeline_step_fn'] = wrap(bound.pipeline_step, cache, lengths)
-    return decoding.decode(decoding.speed_decode, eos_id=1,
-                           max_decode_steps=max_steps, **kwargs)
-
-  result = run(params, prompts, lengths)
-  return inference.Generation(
-      inference.produced_tokens(result.sequences, lengths, max_steps),
-      result.scores[:, 0], result.stats)
+                               out['short'], out['greedy'])
+    np.testing.assert_array_equal(out['short'].tokens, out['speed'].tokens,
+                                  name)
 
 
 class AdversarialSpeculationTest(parameterized.TestCase):
 
-  @parameterized.parameters((2, 3, 11), (4, 3, 12), (2, 6, 13), (1, 4, 14))
-  def test_last_stage_disagrees_with_all_earlier(self, g, r, seed):
+  @parameterized.parameters(*range(4))
+  def test_last_stage_disagrees_with_all_earlier(self, index):
     """Speculative exits pick the least likely token; output is unchanged."""
-    module, params = _model(g, r, 'cycle', seed)
-    prompts, lengths = _prompts(4, seed)
-
-    def wrap(step, cache, lengths):
-      def adversarial(tokens, carry, positions, cache):
-        logits, hidden, cache = step(tokens, carry, positions, cache)
-        return logits.at[:, :-1].multiply(-1.0), hidden, cache
-      return adversarial
-
-    speed = _decode_with(module, params, prompts, lengths, 9, wrap)
-    greedy = inference.generate(module, params, prompts, lengths,
-                                max_decode_steps=9, method='greedy')
+    name = f'adversarial{index}'
+    module, params, prompts, lengths, out = _decoded(name)
+    speed, r = out['speed'], CASES[name].r
     assert_speed_equals_greedy(self, module, params, prompts, lengths, 9,
-                               speed, greedy)
+                               speed, out['greedy'])
     stats = speed.stats
-    self.assertGreater(int(stats.flushes[:, -1].sum()), 0)
+    self.assertGreater(int(stats.flushes[:, -1].sum()), 0, name)
     # Nothing speculative survives: every token takes about R steps.
-    self.assertTrue(np.all(stats.num_steps >= (stats.num_tokens - 1) * r))
+    self.assertTrue(np.all(stats.num_steps >= (stats.num_tokens - 1) * r),
+                    name)
 
   def test_prompt_cache_is_never_overwritten(self):
-    """Empty stages (position -1) must not write over prompt entries."""
-    module, params = _model(2, 4, 'cycle', seed=21)
-    prompts, lengths = _prompts(6, seed=21)
-
-    def wrap(step, prefilled, lengths):
-      def guarded(tokens, carry, positions, cache):
-        logits, hidden, cache = step(tokens, carry, positions, cache)
-        prompt = (jnp.arange(cache.length) < lengths[:, None])[:, None, :, None]
-        intact = jnp.all(jnp.stack([
-            jnp.all(jnp.where(prompt, new == old, True))
-            for new, old in zip(cache.keys + cache.values,
-                                prefilled.keys + prefilled.values)]))
-        # A clobbered prompt entry poisons the committed token.
-        logits = jnp.where(intact, logits, -logits)
-        return logits, hidden, cache
-      return guarded
-
-    speed = _decode_with(module, params, prompts, lengths, 8, wrap)
-    greedy = inference.generate(module, params, prompts, lengths,
-                                max_decode_steps=8, method='greedy')
-    np.testing.assert_array_equal(speed.tokens, greedy.tokens)
+    """Empty stages (position -1) must not write over prompt entries: the
+    instrumented step poisons the output of a case whose prompt cache
+    changed (every case's SPEED runs with it)."""
+    *_, out = _decoded('prompt_cache')
+    np.testing.assert_array_equal(out['speed'].tokens, out['greedy'].tokens)
 
 
 class RaggedBatchTest(absltest.TestCase):
@@ -221,14 +325,19 @@ class RaggedBatchTest(absltest.TestCase):
     lengths = jnp.array([3, 6, 1])
     # One shared buffer: the long prompt reaches the cache end first.
     inputs = inference.build_inputs(prompts, lengths, 4)
-    bound = steps.BoundSteps(module, params)
-    cache = bound.prefill(inputs, lengths)
-    kwargs = lambda fn: bound.decode_fn_kwargs(fn, inputs, cache, lengths)
-    result = decoding.decode(decoding.speed_decode, eos_id=1,
-                             **kwargs(decoding.speed_decode))
-    speed, stats = result.sequences, result.stats
-    greedy, _ = decoding.greedy_decode(eos_id=1,
-                                       **kwargs(decoding.greedy_decode))
+
+    @jax.jit
+    def run(params, inputs, lengths):
+      bound = steps.BoundSteps(module, params)
+      cache = bound.prefill(inputs, lengths)
+      kwargs = lambda fn: bound.decode_fn_kwargs(fn, inputs, cache, lengths)
+      result = decoding.decode(decoding.speed_decode, eos_id=1,
+                               **kwargs(decoding.speed_decode))
+      greedy, _ = decoding.greedy_decode(eos_id=1,
+                                         **kwargs(decoding.greedy_decode))
+      return result.sequences, result.stats, greedy
+
+    speed, stats, greedy = run(params, inputs, lengths)
     np.testing.assert_array_equal(speed, greedy)
     length = inputs.shape[1]
     expected = [_produced_count(np.asarray(greedy[b, 0, int(lengths[b]):])[None],
