@@ -97,9 +97,61 @@ class ReadmeCommandsTest(absltest.TestCase):
                             os.environ.get('PATH', '')])
     cls.env = dict(os.environ, PATH=path, CUDA_VISIBLE_DEVICES='',
                    JAX_PLATFORMS='cpu', XLA_FLAGS='', TFDS_DATA_DIR=cls.tfds_dir)
+    # Every run is a separate binary; two at a time, since each is mostly
+    # one core importing TF and T5X. The demo's (train, then infer) and the
+    # paper's runs share the two slots: see _started_runs.
+    cls.pool = futures.ThreadPoolExecutor(2)
+    cls.runs = None
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.shutdown(cancel_futures=True)
+    super().tearDownClass()
+
+  def _started_runs(self):
+    """{'demo': future, 'paper': [future per paper command]}, started once.
+
+    The demo's runs, one after the other, go first; the paper's fill the
+    other slot meanwhile. Each test waits for its own runs.
+    """
+    cls = type(self)
+    if cls.runs is None:
+      cls.runs = {'demo': cls.pool.submit(self._run_demo)}
+      cls.runs['paper'] = [cls.pool.submit(self._run_paper, c)
+                           for c in self._paper_commands()]
+    return cls.runs
+
+  def _demo_commands(self):
+    return [c for c in self.commands if 'speed_demo' in c]
 
   def _paper_commands(self):
     return [c for c in self.commands if 'speed_demo' not in c]
+
+  def _demo_checkpoint(self):
+    train = self._demo_commands()[0]
+    model_dir = self.root + _gin_value(train, 'MODEL_DIR').strip('\'"')
+    return model_dir, os.path.join(model_dir, f'checkpoint_{DEMO_STEPS}')
+
+  def _run_demo(self):
+    """(train, infer) CompletedProcesses; infer is None if train failed."""
+    train, infer = self._demo_commands()
+    train_proc = _run(train, _rerooted(train, self.root) +
+                      [f'--gin.TRAIN_STEPS={DEMO_STEPS}'], self.env)
+    if train_proc.returncode:
+      return train_proc, None
+    flags = _rerooted(infer, self.root)
+    flags = [f for f in flags if 'CHECKPOINT_PATH' not in f]
+    flags.append(f'--gin.CHECKPOINT_PATH="\'{self._demo_checkpoint()[1]}\'"')
+    # A size override: the 20-step model never emits EOS, so every one of
+    # the 2,000 examples decodes to the target length; 32 instead of 112
+    # keeps the run short.
+    flags.append(f'--gin.TASK_FEATURE_LENGTHS="{DEMO_INFER_LENGTHS}"')
+    return train_proc, _run(infer, flags, self.env)
+
+  def _run_paper(self, command):
+    flags = _rerooted(command, self.root) + [
+        f'--gin.{b}' for b in TINY_MODEL]
+    return _run(command, flags, dict(self.env, T5X_SPEED_VOCAB=self.vocab))
 
   def test_readme_documents_the_commands(self):
     binaries = [c.split()[2] for c in self.commands]
@@ -112,28 +164,18 @@ class ReadmeCommandsTest(absltest.TestCase):
           self.assertTrue((REPO / arg.split('=', 1)[1]).is_file(), arg)
 
   def test_demo_train_then_infer_as_written(self):
-    demo = [c for c in self.commands if 'speed_demo' in c]
-    train, infer = demo
+    runs = self._started_runs()
+    train, infer = self._demo_commands()
     self.assertIn('t5x.train', train)
-    proc = _run(train, _rerooted(train, self.root) +
-                [f'--gin.TRAIN_STEPS={DEMO_STEPS}'], self.env)
-    self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
-    model_dir = self.root + _gin_value(train, 'MODEL_DIR').strip('\'"')
-    checkpoint = os.path.join(model_dir, f'checkpoint_{DEMO_STEPS}')
+    self.assertIn('t5x.infer', infer)
+    train_proc, infer_proc = runs['demo'].result()
+    self.assertEqual(train_proc.returncode, 0, train_proc.stderr[-5000:])
+    model_dir, checkpoint = self._demo_checkpoint()
     self.assertTrue(os.path.isdir(checkpoint))
     # The shipped run file evaluates during training.
     self.assertTrue(glob.glob(os.path.join(model_dir, 'training_eval', '*')))
 
-    self.assertIn('t5x.infer', infer)
-    flags = _rerooted(infer, self.root)
-    flags = [f for f in flags if 'CHECKPOINT_PATH' not in f]
-    flags.append(f'--gin.CHECKPOINT_PATH="\'{checkpoint}\'"')
-    # A size override: the 20-step model never emits EOS, so every one of
-    # the 2,000 examples decodes to the target length; 32 instead of 112
-    # keeps the run short.
-    flags.append(f'--gin.TASK_FEATURE_LENGTHS="{DEMO_INFER_LENGTHS}"')
-    proc = _run(infer, flags, self.env)
-    self.assertEqual(proc.returncode, 0, proc.stderr[-5000:])
+    self.assertEqual(infer_proc.returncode, 0, infer_proc.stderr[-5000:])
     out_dir = self.root + _gin_value(infer, 'INFER_OUTPUT_DIR').strip('\'"')
     files = [f for f in glob.glob(os.path.join(out_dir,
                                                'speed_demo_numbers-*.jsonl*'))
@@ -153,9 +195,9 @@ class ReadmeCommandsTest(absltest.TestCase):
                      sum(r['aux']['speed/num_tokens'] for r in rows))
 
   def test_paper_commands_reach_the_data_preparation_error(self):
+    runs = self._started_runs()
     commands = self._paper_commands()
     self.assertLen(commands, 7)
-    env = dict(self.env, T5X_SPEED_VOCAB=self.vocab)
     expected = {  # the dataset each command's task reads
         'pretrain_c4.gin': "Dataset 'c4/en:3.1.0'",
         'finetune_wmt_ende.gin': "Dataset 'wmt_t2t_translate/de-en:1.0.0'",
@@ -163,15 +205,7 @@ class ReadmeCommandsTest(absltest.TestCase):
         'infer.gin': "Dataset 'wmt_t2t_translate/de-en:1.0.0'",
         'warm_start_from_t5x.gin': "Dataset 'c4/en:3.1.0'",
     }
-
-    def run(command):
-      flags = _rerooted(command, self.root) + [
-          f'--gin.{b}' for b in TINY_MODEL]
-      return _run(command, flags, env)
-
-    # Two at a time: each run is mostly one core importing TF and T5X.
-    with futures.ThreadPoolExecutor(2) as pool:
-      procs = list(pool.map(run, commands))
+    procs = [run.result() for run in runs['paper']]
     for command, proc in zip(commands, procs):
       run_file = re.search(r'gin/runs/(\S+\.gin)', command).group(1)
       self.assertNotEqual(proc.returncode, 0, command)

@@ -12,6 +12,7 @@ base.gin at tiny size) with the stock `t5x.train`, then:
 Skipped when T5X is absent (it is not on PyPI).
 """
 
+from concurrent import futures
 import glob
 import json
 import os
@@ -119,33 +120,58 @@ class StockT5XCheckpointTest(absltest.TestCase):
              'utils.create_learning_rate_scheduler.base_learning_rate = 0.01'])
     cls.checkpoint = os.path.join(model_dir, f'checkpoint_{STEPS}')
     assert os.path.isdir(cls.checkpoint), os.listdir(model_dir)
+    # The binaries that read the checkpoint are independent: all start now
+    # (each keeps about one core busy importing and tracing), and each test
+    # waits for its own, whose failure it raises.
+    runs = cls._binary_runs()
+    cls.pool = futures.ThreadPoolExecutor(len(runs))
+    cls.runs = {name: cls.pool.submit(_run, *args)
+                for name, args in runs.items()}
 
-  def test_restores_into_base_12l_and_decodes_as_t5x(self):
-    theirs_dir = os.path.join(self.root, 'infer_t5x')
-    ours_dir = os.path.join(self.root, 'infer_ours')
-    th.run_concurrently(
-        lambda: _run('infer', self.root, [
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.shutdown(cancel_futures=True)
+    super().tearDownClass()
+
+  @classmethod
+  def _binary_runs(cls):
+    """{name: _run's arguments} of the binaries that read the checkpoint."""
+    root, checkpoint = cls.root, cls.checkpoint
+    return {
+        'infer_t5x': ('infer', root, [
             T5X_GIN / 't5x/examples/decoder_only/models/base.gin',
             T5X_GIN / 't5x/configs/runs/infer.gin'],
-                     _t5x_bindings(self.root) + [
-                         f"CHECKPOINT_PATH = '{self.checkpoint}'",
-                         f"INFER_OUTPUT_DIR = '{theirs_dir}'",
-                         'DROPOUT_RATE = 0.0',
-                         'decoding.temperature_sample.temperature = 0.0',
-                         'decoding.temperature_sample.topk = 1',
-                         'utils.DatasetConfig.batch_size = 4']),
-        lambda: _run('infer', self.root, [
-            REPO / 't5x_speed/gin/models/t5x_base_12l.gin', REPO / 't5x_speed/gin/runs/infer.gin'],
-                     _our_bindings(self.root) + [
-                         f"CHECKPOINT_PATH = '{self.checkpoint}'",
-                         f"INFER_OUTPUT_DIR = '{ours_dir}'",
-                         'utils.DatasetConfig.batch_size = 4']))
-    theirs, ours = _predictions(theirs_dir), _predictions(ours_dir)
-    self.assertLen(ours, 12)
-    self.assertEqual(ours, theirs)
-    self.assertTrue(any(p for _, p in ours))
+                      _t5x_bindings(root) + [
+                          f"CHECKPOINT_PATH = '{checkpoint}'",
+                          f"INFER_OUTPUT_DIR = '{root}/infer_t5x'",
+                          'DROPOUT_RATE = 0.0',
+                          'decoding.temperature_sample.temperature = 0.0',
+                          'decoding.temperature_sample.topk = 1',
+                          'utils.DatasetConfig.batch_size = 4']),
+        'infer_ours': ('infer', root, [
+            REPO / 't5x_speed/gin/models/t5x_base_12l.gin',
+            REPO / 't5x_speed/gin/runs/infer.gin'],
+                       _our_bindings(root) + [
+                           f"CHECKPOINT_PATH = '{checkpoint}'",
+                           f"INFER_OUTPUT_DIR = '{root}/infer_ours'",
+                           'utils.DatasetConfig.batch_size = 4']),
+        # A zero learning rate keeps the restored parameters as they are.
+        'warm_start': ('train', root, [
+            REPO / 't5x_speed/gin/models/speed_base_4x3.gin',
+            REPO / 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
+                       _our_bindings(root, unique_layers=2, repeats=3) + [
+                           f"MODEL_DIR = '{root}/warm_start'",
+                           'BATCH_SIZE = 8',
+                           f"INITIAL_CHECKPOINT_PATH = '{checkpoint}'",
+                           'FINETUNE_STEPS = 1',
+                           'INPUTS_BIDIRECTIONAL_ATTENTION = False',
+                           'utils.create_learning_rate_scheduler.'
+                           'base_learning_rate = 0.0']),
+    }
 
-    # Scores: the restored parameters in both models.
+  def test_restores_into_base_12l_and_decodes_as_t5x(self):
+    # Scores: the restored parameters in both models (while the binaries
+    # run).
     our_model, t5x_model = _our_model(LAYERS, 1), _t5x_model()
     params = _checkpoint_params(self.checkpoint)
     batch = th.prefix_lm_batch(seed=3, batch=6)
@@ -155,18 +181,18 @@ class StockT5XCheckpointTest(absltest.TestCase):
     np.testing.assert_array_equal(our_model.predict_batch(params, batch),
                                   t5x_model.predict_batch(params, batch))
 
+    self.runs['infer_t5x'].result()
+    self.runs['infer_ours'].result()
+    theirs = _predictions(os.path.join(self.root, 'infer_t5x'))
+    ours = _predictions(os.path.join(self.root, 'infer_ours'))
+    self.assertLen(ours, 12)
+    self.assertEqual(ours, theirs)
+    self.assertTrue(any(p for _, p in ours))
+
   def test_warm_start_of_a_shared_model_from_the_first_layers(self):
-    model_dir = os.path.join(self.root, 'warm_start')
-    # A zero learning rate keeps the restored parameters as they are.
-    _run('train', self.root, [REPO / 't5x_speed/gin/models/speed_base_4x3.gin',
-                              REPO / 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
-         _our_bindings(self.root, unique_layers=2, repeats=3) + [
-             f"MODEL_DIR = '{model_dir}'", 'BATCH_SIZE = 8',
-             f"INITIAL_CHECKPOINT_PATH = '{self.checkpoint}'",
-             'FINETUNE_STEPS = 1', 'INPUTS_BIDIRECTIONAL_ATTENTION = False',
-             'utils.create_learning_rate_scheduler.base_learning_rate = 0.0'])
+    self.runs['warm_start'].result()
     source = _checkpoint_params(self.checkpoint)
-    warm = _checkpoint_params(os.path.join(model_dir,
+    warm = _checkpoint_params(os.path.join(self.root, 'warm_start',
                                            f'checkpoint_{STEPS + 1}'))
     self.assertEqual(sorted(warm['decoder']),
                      ['decoder_norm', 'layers_0', 'layers_1', 'relpos_bias',
