@@ -21,6 +21,15 @@ from t5x_speed.tasks import demo as demo_task
 TINY = demo_model.DemoSettings(width=16, steps=4, batch_size=2)
 
 
+def _init(module, seed):
+  """Random parameters of `module`, in one compiled program (run op by op,
+  each of init's ops compiles on its own)."""
+  tokens = jnp.ones((1, 4), jnp.int32)
+  return jax.jit(lambda rng: module.init(rng, tokens, tokens,
+                                         enable_dropout=False)['params'])(
+                                             jax.random.PRNGKey(seed))
+
+
 class NumbersTaskTest(absltest.TestCase):
 
   def test_number_to_words(self):
@@ -75,7 +84,9 @@ class DemoModelTest(absltest.TestCase):
 
   def test_demo_main_job_runs(self):
     out = tempfile.mkdtemp()
-    code = demo.main(['--width', '16', '--steps', '4', '--prompts', '2',
+    # TINY's settings: the training step compiles once for both tests.
+    code = demo.main(['--width', str(TINY.width), '--steps', str(TINY.steps),
+                      '--batch_size', str(TINY.batch_size), '--prompts', '2',
                       '--repeats', '1', '--replay_width', '32',
                       '--replay_prompts', '2', '--out', out])
     self.assertEqual(code, 0)
@@ -102,20 +113,19 @@ class DemoModelTest(absltest.TestCase):
 class ReplayTest(absltest.TestCase):
   """A recorded SPEED run replayed on another model of the same depth."""
 
-  def setUp(self):
-    super().setUp()
+  @classmethod
+  def setUpClass(cls):
+    # Read-only in the tests: built once for both.
+    super().setUpClass()
     source_settings = demo_model.DemoSettings(width=16, num_repeats=3)
-    self.source = network.SpeedTransformer(source_settings.config())
-    tokens = jnp.ones((1, 4), jnp.int32)
-    self.source_params = self.source.init(
-        jax.random.PRNGKey(1), tokens, tokens, enable_dropout=False)['params']
+    cls.source = network.SpeedTransformer(source_settings.config())
+    cls.source_params = _init(cls.source, 1)
     # Another model of the same depth, with different weights and width.
-    self.other = network.SpeedTransformer(network.TransformerConfig(
+    cls.other = network.SpeedTransformer(network.TransformerConfig(
         vocab_size=demo_model.VOCAB_SIZE, emb_dim=24, num_heads=2,
         head_dim=12, mlp_dim=32, num_unique_layers=1, num_repeats=3))
-    self.other_params = self.other.init(
-        jax.random.PRNGKey(2), tokens, tokens, enable_dropout=False)['params']
-    self.prompts, self.lengths, _ = demo_model.held_out(3)
+    cls.other_params = _init(cls.other, 2)
+    cls.prompts, cls.lengths, _ = demo_model.held_out(3)
 
   def assert_replays(self, rec, sequential, speed, sample=None):
     """Both replays give the recorded tokens, SPEED the recorded schedule."""

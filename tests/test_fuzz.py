@@ -26,6 +26,8 @@ from tools import fuzz_check
 
 TINY = fuzz_cases.Group(g=1, r=3, sharing='cycle', vocab=17, width=32,
                         heads=2, mlp=32, batch=3, length=8, dtype='float32')
+# The CI slice's run (`fuzz.plan` arguments).
+SLICE = dict(cases=200, seed=0, cases_per_group=100, dtype='float32')
 BF16 = fuzz_cases.Group(g=2, r=3, sharing='cycle', vocab=97, width=96,
                         heads=2, mlp=128, batch=8, length=12, dtype='bfloat16')
 
@@ -33,7 +35,7 @@ BF16 = fuzz_cases.Group(g=2, r=3, sharing='cycle', vocab=97, width=96,
 class FuzzSliceTest(absltest.TestCase):
 
   def test_ci_slice(self):
-    report = fuzz.run(cases=200, seed=0, cases_per_group=100, log=print)
+    report = fuzz.run(**SLICE, log=print)
     print(report.summary())
     self.assertEqual(report.cases, 200)
     self.assertEqual(report.groups, 2)
@@ -46,8 +48,7 @@ class FuzzSliceTest(absltest.TestCase):
     # --json writes what --merge reads back (a one-shard run).
     path = os.path.join(tempfile.mkdtemp(), 'slice.json')
     self.addCleanup(os.remove, path)
-    fuzz.save(path, report, seed=0, cases=200, dtype='float32',
-              cases_per_group=100, shard=0, num_shards=1)
+    fuzz.save(path, report, **SLICE, shard=0, num_shards=1)
     self.assertEqual(fuzz.merge_files([path]), report)
 
   def test_bf16_speed_is_greedy_as_generate_compiles(self):
@@ -79,11 +80,15 @@ class FuzzSliceTest(absltest.TestCase):
       return decoding.respond(result.replace(
           sequences=result.sequences.at[:, :, -1].add(1)))
 
+    # One of the CI slice's groups with its cases per call: greedy, the
+    # weight draw and the forward pass are then the slice's programs, which
+    # JAX's compilation cache compiles once for both tests.
+    _, group, count, _ = fuzz.plan(**SLICE)[1]
     decoding.speed_decode = off_by_one
     try:
       report = fuzz_check.Report('float32', fuzz_check.NEAR_TIE['float32'])
-      fuzz_cases.run_cases(fuzz_cases.Compiled(TINY),
-                           np.random.RandomState(0), report, count=10,
+      fuzz_cases.run_cases(fuzz_cases.Compiled(group),
+                           np.random.RandomState(0), report, count=count,
                            first='broken')
     finally:
       decoding.speed_decode = real

@@ -1,6 +1,7 @@
 """Tests of the parameter-shared network and its three cached calls."""
 
 import doctest
+import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,6 +18,40 @@ ORDERS = ('cycle', 'sequence', 'cycle_rev')
 # T5X logical axis names known to its standard partitioning rules.
 T5X_AXES = {'vocab', 'embed', 'mlp', 'heads', 'kv', 'joined_kv',
             'relpos_buckets'}
+
+
+def _model(**overrides):
+  """`tiny_model`'s module with `overrides`, and its parameters.
+
+  The layer order and the dropout rate change no parameter, and `tiny_model`
+  seeds by G and R alone: models that differ only in those have the same
+  parameters, initialised (compiled) once here.
+  """
+  defaults = tiny_config()
+  shape = {k: v for k, v in overrides.items()
+           if k not in ('sharing', 'dropout_rate') and
+           getattr(defaults, k) != v}
+  _, params = tiny_model(**shape)
+  return network.SpeedTransformer(tiny_config(**overrides)), params
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(module, method, **static):
+  """jit(module.apply) of one method, built once per (module, method, static
+  keyword arguments) so that tests with the same shapes share the program."""
+  return jax.jit(lambda params, *args: module.apply(
+      {'params': params}, *args, method=method, **static))
+
+
+def _jit_apply(module, params):
+  """Like `module.apply` with `params`, each call one compiled program.
+
+  For calls whose shapes no other test runs: op by op, each of the pass's
+  ops would compile on its own, which costs more than the whole program.
+  Keyword arguments are static.
+  """
+  return lambda *args, method=None, **static: _jitted(
+      module, method, **static)(params, *args)
 
 
 def _param_count(cfg):
@@ -96,8 +131,9 @@ class ParameterTest(parameterized.TestCase):
   def test_every_parameter_has_t5x_logical_axes(self):
     module, _ = tiny_model()
     tokens = jnp.ones((1, 4), jnp.int32)
-    variables = module.init(jax.random.PRNGKey(0), tokens, tokens,
-                            enable_dropout=False)
+    # The parameters' shapes and axis names, without computing any value.
+    variables = jax.eval_shape(lambda: module.init(
+        jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))
     params = jax.tree_util.tree_leaves_with_path(variables['params'])
     axes = variables['params_axes']
     for path, leaf in params:
@@ -111,8 +147,8 @@ class ParameterTest(parameterized.TestCase):
 
   @parameterized.parameters(*ORDERS)
   def test_gradients_reach_exactly_the_unique_layers(self, sharing):
-    module, params = tiny_model(sharing=sharing, num_unique_layers=3,
-                                num_repeats=2)
+    module, params = _model(sharing=sharing, num_unique_layers=3,
+                            num_repeats=2)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 1, 61)
 
     def loss(p):
@@ -141,7 +177,7 @@ class ParameterTest(parameterized.TestCase):
     self.assertGreater(float(jnp.abs(logits[0] - logits[1]).max()), 1e-3)
 
   def test_dropout_is_active_only_when_enabled(self):
-    module, params = tiny_model(dropout_rate=0.3)
+    module, params = _model(dropout_rate=0.3)
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 5), 1, 61)
     run = lambda seed, enable: module.apply(
         {'params': params}, tokens, tokens, enable_dropout=enable,
@@ -160,7 +196,7 @@ class CachedCallsTest(parameterized.TestCase):
                          bidirectional=(False, True))
   def test_prefill_and_steps_match_full_forward(self, sharing, repeats,
                                                 bidirectional):
-    module, params = tiny_model(sharing=sharing, num_repeats=repeats)
+    module, params = _model(sharing=sharing, num_repeats=repeats)
     apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
     tokens = _random_batch(3, 3, 9)
     prefix = jnp.array([2, 4, 1])
@@ -185,7 +221,7 @@ class CachedCallsTest(parameterized.TestCase):
   @parameterized.product(sharing=ORDERS, repeats=(1, 2, 3))
   def test_speed_step_matches_every_exit(self, sharing, repeats):
     """Slots at different stages and positions give the full-depth logits."""
-    module, params = tiny_model(sharing=sharing, num_repeats=repeats)
+    module, params = _model(sharing=sharing, num_repeats=repeats)
     apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
     tokens = _random_batch(4, 2, 12)
     prefix = jnp.array([3, 5])
@@ -209,13 +245,14 @@ class CachedCallsTest(parameterized.TestCase):
 
   def test_speculative_vocab_shortlist(self):
     module, params = tiny_model()
-    apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
+    apply = _jit_apply(module, params)
     tokens = _random_batch(9, 2, 8)
     _, cache = apply(tokens, jnp.array([4, 5]), method='prefill')
     args = (tokens[:, 4], jnp.ones((2, 2, 32)), jnp.array([[4, 3, 2],
                                                             [5, -1, 3]]))
     full, hidden, _ = apply(*args, cache, method='speed_step')
-    short, short_hidden, _ = apply(*args, cache, 20, method='speed_step')
+    short, short_hidden, _ = apply(*args, cache, method='speed_step',
+                                   speculative_vocab_size=20)
     np.testing.assert_array_equal(short_hidden, hidden)
     np.testing.assert_allclose(short[:, -1], full[:, -1], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(short[:, :-1, :20], full[:, :-1, :20],
@@ -223,10 +260,10 @@ class CachedCallsTest(parameterized.TestCase):
     self.assertTrue(np.all(np.isneginf(short[:, :-1, 20:])))
 
   def test_one_cache_per_virtual_layer(self):
-    module, params = tiny_model(num_unique_layers=2, num_repeats=3)
+    module, params = _model(num_unique_layers=2, num_repeats=3)
     tokens = _random_batch(5, 2, 6)
-    _, cache = module.apply({'params': params}, tokens, jnp.array([4, 6]),
-                            method='prefill')
+    _, cache = _jit_apply(module, params)(tokens, jnp.array([4, 6]),
+                                          method='prefill')
     self.assertLen(cache.keys, 2)
     self.assertEqual(cache.keys[0].shape, (3, 2, 4, 6, 8))
     # Every virtual layer holds different keys for the same tokens.
@@ -237,7 +274,7 @@ class CachedCallsTest(parameterized.TestCase):
 
   def test_empty_slot_writes_nothing(self):
     module, params = tiny_model()
-    apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
+    apply = _jit_apply(module, params)
     tokens = _random_batch(6, 2, 8)
     _, cache = apply(tokens, jnp.array([5, 5]), method='prefill')
     # Only slot 1 of example 0 is live; every other slot is empty (-1).
@@ -250,7 +287,7 @@ class CachedCallsTest(parameterized.TestCase):
 
   def test_rewriting_a_position_replaces_it(self):
     module, params = tiny_model()
-    apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
+    apply = _jit_apply(module, params)
     tokens = _random_batch(7, 1, 8)
     _, cache = apply(tokens, jnp.array([4]), method='prefill')
     pos = jnp.array([4])
@@ -265,8 +302,8 @@ class CachedCallsTest(parameterized.TestCase):
   def test_prefill_pads_to_cache_length(self):
     module, params = tiny_model()
     tokens = _random_batch(8, 2, 5)
-    _, cache = module.apply({'params': params}, tokens, jnp.array([5, 3]),
-                            cache_length=9, method='prefill')
+    _, cache = _jit_apply(module, params)(tokens, jnp.array([5, 3]),
+                                          cache_length=9, method='prefill')
     self.assertEqual(cache.length, 9)
     np.testing.assert_array_equal(cache.keys[0][:, 0, :, 5:], 0)
     np.testing.assert_array_equal(cache.keys[0][:, 1, :, 3:], 0)
