@@ -57,6 +57,20 @@ class InstalledPackageTest(absltest.TestCase):
     self.assertIn('t5x_speed/tasks/__init__.py', names)
     self.assertEmpty([n for n in names if n.startswith(('tools/', 'tests/'))])
 
+  def test_wheel_declares_ranges_not_pins(self):
+    with zipfile.ZipFile(self.package.wheel) as wheel:
+      (metadata,) = [n for n in wheel.namelist()
+                     if n.endswith('.dist-info/METADATA')]
+      requires = [line.split(':', 1)[1].strip()
+                  for line in wheel.read(metadata).decode().splitlines()
+                  if line.startswith('Requires-Dist:')]
+    core = [r for r in requires if 'extra ==' not in r]
+    for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'clu',
+                 'gin-config', 'numpy'):
+      self.assertTrue(any(r.split('>')[0].split('=')[0].strip() == name
+                          for r in core), (name, core))
+    self.assertEmpty([r for r in requires if '==' in r.split(';')[0]])
+
   def test_every_library_module_imports_apart_from_the_checkout(self):
     modules = [m for m in _library_modules()
                if m != 't5x_speed.models' or importlib.util.find_spec('t5x')]
