@@ -54,13 +54,14 @@ install-t5x: $(T5X_STAMP)
 # T5X_WHEELS set, T5X_SPEED_REQUIRE_ALL_TESTS makes any skip an error.
 # Much of each test is a single-threaded XLA compile or import, so two
 # pytest-xdist workers (one per core on CI's 2 cores) finish the suite sooner
-# (docs/testing.md); a test class stays on one worker (--dist loadscope), so it shares its setup.
+# (docs/testing.md); a test class stays on one worker (--dist loadscope), so it shares its setup;
+# --no-loadscope-reorder keeps conftest.py's slowest-first order.
 # TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: install kernel $(if $(T5X_WHEELS),install-t5x)
 	cd tests && $(if $(T5X_WHEELS),T5X_SPEED_REQUIRE_ALL_TESTS=1) \
 	  ../$(BIN)/python -m pytest -q -p no:cacheprovider \
-	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) \
+	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) \
 	  $(PYTEST_ARGS)
 
 # The tools run from the repository root (tools/ is not installed). The demo
