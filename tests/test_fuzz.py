@@ -80,9 +80,9 @@ class FuzzSliceTest(absltest.TestCase):
       return decoding.respond(result.replace(
           sequences=result.sequences.at[:, :, -1].add(1)))
 
-    # One of the CI slice's groups with its cases per call: greedy, the
-    # weight draw and the forward pass are then the slice's programs, which
-    # JAX's compilation cache compiles once for both tests.
+    # One of the CI slice's groups with its cases per call: greedy and the
+    # forward pass are then the slice's programs, which JAX's compilation
+    # cache compiles once for both tests.
     _, group, count, _ = fuzz.plan(**SLICE)[1]
     decoding.speed_decode = off_by_one
     try:

@@ -84,28 +84,32 @@ def draw_group(rng: np.random.RandomState, dtype: str) -> Group:
       batch=rng.randint(1, 17), length=rng.randint(2, 33), dtype=dtype)
 
 
-def _draw_params(shapes, key, gain):
-  """Random weights of the `shapes` tree, residual outputs scaled by
-  `gain`."""
+def draw_params(shapes, rng: np.random.Generator, gains: np.ndarray):
+  """Random weights of the `shapes` tree for len(gains) cases (a leading
+  case axis), residual outputs scaled by each case's gain.
+
+  Drawn on the host: a jitted draw would compile one more program per
+  group, which takes longer than NumPy takes to draw the weights.
+  """
   leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
-  keys = jax.random.split(key, len(leaves))
+  count = len(gains)
   out = []
-  for (path, leaf), k in zip(leaves, keys):
+  for path, leaf in leaves:
     names = [getattr(p, 'key', None) for p in path]
-    x = jax.random.normal(k, leaf.shape, leaf.dtype)
+    x = rng.standard_normal((count,) + leaf.shape, dtype=np.float32)
     if 'scale' in names:
       x = 1.0 + 0.1 * x
     elif 'kernel' in names:
-      x = x / np.sqrt(leaf.shape[0])
+      x /= np.sqrt(leaf.shape[0])
       if any(n in RESIDUAL_OUTPUTS for n in names):
-        x = x * gain
-    out.append(x)
+        x *= gains.reshape((count,) + (1,) * len(leaf.shape))
+    out.append(jnp.asarray(x, leaf.dtype))
   return jax.tree_util.tree_unflatten(tree, out)
 
 
 class Compiled:
   """The jitted functions of one group, each over a leading case axis:
-  draw (weights), greedy and speed (`decoding.DecodeResult`s), forward (the
+  greedy and speed (`decoding.DecodeResult`s), forward (the
   uncached pass's argmax and top-2 logits)."""
 
   def __init__(self, group: Group, excess_precision: bool = False):
@@ -147,7 +151,7 @@ class Compiled:
     # attention's dots differently, which moves bf16 rounding in greedy's
     # program but not in SPEED's.
     one_at_a_time = group.dtype == 'bfloat16'
-    self.draw = jit(jax.vmap(functools.partial(_draw_params, shapes)))
+    self.shapes = shapes
     self.greedy = _map_cases(decoder('greedy_decode'), jit, one_at_a_time)
     self.speed = _map_cases(decoder('speed_decode'), jit, one_at_a_time)
     self.forward = jit(jax.vmap(forward))
@@ -181,9 +185,9 @@ def run_cases(compiled: Compiled, rng: np.random.RandomState,
   batch, length, vocab = group.batch, group.length, group.vocab
   names, gains, probs = zip(*VARIANTS)
   variants = rng.choice(len(VARIANTS), size=count, p=probs)
-  params = compiled.draw(
-      jax.random.split(jax.random.PRNGKey(rng.randint(2**31)), count),
-      jnp.asarray(np.array(gains)[variants], jnp.float32))
+  params = draw_params(compiled.shapes,
+                       np.random.default_rng(rng.randint(2**31)),
+                       np.array(gains, np.float32)[variants])
   # Prompt lengths in [0, length - 1], the ends drawn often.
   kind = rng.choice(3, size=(count, batch), p=(0.15, 0.15, 0.7))
   lengths = np.where(kind == 0, 0, np.where(
