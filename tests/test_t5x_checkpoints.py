@@ -20,6 +20,7 @@ import pathlib
 import tempfile
 
 from absl.testing import absltest
+import jax
 import numpy as np
 import pytest
 
@@ -171,15 +172,16 @@ class StockT5XCheckpointTest(absltest.TestCase):
 
   def test_restores_into_base_12l_and_decodes_as_t5x(self):
     # Scores: the restored parameters in both models (while the binaries
-    # run).
+    # run), each method jitted as T5X's binaries jit it.
     our_model, t5x_model = _our_model(LAYERS, 1), _t5x_model()
     params = _checkpoint_params(self.checkpoint)
     batch = th.prefix_lm_batch(seed=3, batch=6)
-    np.testing.assert_allclose(our_model.score_batch(params, batch),
-                               t5x_model.score_batch(params, batch),
+    np.testing.assert_allclose(jax.jit(our_model.score_batch)(params, batch),
+                               jax.jit(t5x_model.score_batch)(params, batch),
                                rtol=1e-5)
-    np.testing.assert_array_equal(our_model.predict_batch(params, batch),
-                                  t5x_model.predict_batch(params, batch))
+    np.testing.assert_array_equal(
+        jax.jit(our_model.predict_batch)(params, batch),
+        jax.jit(t5x_model.predict_batch)(params, batch))
 
     self.runs['infer_t5x'].result()
     self.runs['infer_ours'].result()
