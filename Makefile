@@ -54,8 +54,9 @@ install-t5x: $(T5X_STAMP)
 # T5X_WHEELS set, T5X_SPEED_REQUIRE_ALL_TESTS makes any skip an error.
 # Much of each test is a single-threaded XLA compile or import, so two
 # pytest-xdist workers (one per core on CI's 2 cores) finish the suite sooner
-# (docs/testing.md); a test class stays on one worker (--dist loadscope), so it shares its setup;
-# --no-loadscope-reorder keeps conftest.py's slowest-first order.
+# (docs/testing.md); a test class stays on one worker (--dist loadscope), so
+# it shares its setup; --no-loadscope-reorder keeps conftest.py's
+# slowest-first order.
 # TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 test: install kernel $(if $(T5X_WHEELS),install-t5x)

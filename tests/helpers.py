@@ -38,6 +38,17 @@ def tiny_model(**overrides):
                                          cfg.num_repeats))
 
 
+# The kernels closing each residual branch (attention's and the MLP's
+# output projections): scaling them sets how much each layer moves the
+# prediction.
+RESIDUAL_OUTPUTS = ('out', 'wo')
+
+
+def is_residual_output(path) -> bool:
+  """Whether a parameter tree path leads to a `RESIDUAL_OUTPUTS` kernel."""
+  return any(getattr(p, 'key', None) in RESIDUAL_OUTPUTS for p in path)
+
+
 def random_model(g, r, sharing, seed, vocab_size):
   """(module, params): `tiny_model`'s shape with weights re-drawn per seed.
 
@@ -53,9 +64,10 @@ def random_model(g, r, sharing, seed, vocab_size):
   flat, tree = jax.tree_util.tree_flatten_with_path(params)
   params = jax.tree.unflatten(tree, [jnp.asarray(
       (x + 0.5 * rng.standard_normal(x.shape) * np.std(x)) *
-      (gain if any(getattr(p, 'key', None) in ('out', 'wo') for p in path)
-       else 1.0), np.float32) for (path, x) in (
-           (path, np.asarray(x)) for path, x in flat)])
+      (gain if is_residual_output(path) else 1.0), np.float32)
+                                     for (path, x) in (
+                                         (path, np.asarray(x))
+                                         for path, x in flat)])
   return module, params
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from t5x_speed import decoding
 from t5x_speed import inference
 from t5x_speed import steps
+from helpers import is_residual_output
 from helpers import random_model
 from helpers import tiny_model
 
@@ -60,8 +61,7 @@ def _prompts(batch, seed, max_len=PROMPT_WIDTH):
 def _zero_residuals(params):
   """Every residual branch zeroed: all exits then see the embedding alone."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros_like(x) if any(
-          getattr(p, 'key', None) in ('out', 'wo') for p in path) else x,
+      lambda path, x: jnp.zeros_like(x) if is_residual_output(path) else x,
       params)
 
 
