@@ -25,17 +25,21 @@ def tiny_config(**overrides) -> network.TransformerConfig:
   return network.TransformerConfig(**kwargs)
 
 
+def jit_init(module: network.SpeedTransformer, seed: int):
+  """Random parameters of `module` from PRNGKey(seed), in one compiled
+  program (run eagerly, each of init's ops compiles on its own)."""
+  tokens = jnp.ones((1, 4), jnp.int32)
+  return jax.jit(lambda rng: module.init(rng, tokens, tokens,
+                                         enable_dropout=False)['params'])(
+                                             jax.random.PRNGKey(seed))
+
+
 @functools.lru_cache(maxsize=None)
 def tiny_model(**overrides):
   """(module, params) of a randomly initialised tiny model."""
   cfg = tiny_config(**overrides)
   module = network.SpeedTransformer(cfg)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  # One compiled init: run eagerly, each of init's ops compiles on its own.
-  init = jax.jit(lambda rng: module.init(rng, tokens, tokens,
-                                         enable_dropout=False)['params'])
-  return module, init(jax.random.PRNGKey(cfg.num_unique_layers * 7 +
-                                         cfg.num_repeats))
+  return module, jit_init(module, cfg.num_unique_layers * 7 + cfg.num_repeats)
 
 
 # The kernels closing each residual branch (attention's and the MLP's
