@@ -9,8 +9,6 @@ them next to the task metric.
 from typing import Any, Callable, Dict, Mapping, Sequence
 
 import sacrebleu
-from rouge_score import rouge_scorer
-from rouge_score import scoring
 
 from t5x_speed import decoding
 
@@ -87,6 +85,10 @@ def rouge(targets: Sequence[str],
                      'predictions.')
   if not targets:
     raise ValueError('ROUGE needs at least one example.')
+  # Imported here: rouge_score loads nltk, scipy and matplotlib, which would
+  # otherwise slow the start of every T5X binary that registers the tasks.
+  from rouge_score import rouge_scorer  # pylint: disable=g-import-not-at-top
+  from rouge_score import scoring  # pylint: disable=g-import-not-at-top
   scorer = rouge_scorer.RougeScorer(rouge_types=list(score_keys))
   aggregator = scoring.BootstrapAggregator()
   for target, prediction in zip(targets, predictions):
