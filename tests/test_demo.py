@@ -17,7 +17,7 @@ from t5x_speed import inference
 from t5x_speed import network
 import t5x_speed.tasks  # pylint: disable=unused-import
 from t5x_speed.tasks import demo as demo_task
-from helpers import jit_init
+from helpers import random_params
 
 TINY = demo_model.DemoSettings(width=16, steps=4, batch_size=2)
 
@@ -111,12 +111,12 @@ class ReplayTest(absltest.TestCase):
     super().setUpClass()
     source_settings = demo_model.DemoSettings(width=16, num_repeats=3)
     cls.source = network.SpeedTransformer(source_settings.config())
-    cls.source_params = jit_init(cls.source, 1)
+    cls.source_params = random_params(cls.source, 1)
     # Another model of the same depth, with different weights and width.
     cls.other = network.SpeedTransformer(network.TransformerConfig(
         vocab_size=demo_model.VOCAB_SIZE, emb_dim=24, num_heads=2,
         head_dim=12, mlp_dim=32, num_unique_layers=1, num_repeats=3))
-    cls.other_params = jit_init(cls.other, 2)
+    cls.other_params = random_params(cls.other, 2)
     cls.prompts, cls.lengths, _ = demo_model.held_out(3)
 
   def assert_replays(self, rec, sequential, speed, sample=None):
