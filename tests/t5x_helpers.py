@@ -1,6 +1,7 @@
 """Small T5X models and batches, and T5X's binaries, for the tests that need T5X."""
 
 from concurrent import futures
+import functools
 import os
 import pathlib
 import subprocess
@@ -18,6 +19,7 @@ from t5x.examples.decoder_only import network as t5x_network
 from t5x_speed import decoding
 from t5x_speed import models
 from t5x_speed import network
+import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 37
@@ -65,10 +67,20 @@ def prefix_lm_batch(seed=0, batch=4, length=16, max_inputs=6, max_targets=7):
 
 
 def init_params(model, batch, seed=0):
+  """Random parameters of `model` for `batch`'s shapes
+  (`helpers.draw_params`)."""
   shapes = {k: v.shape for k, v in batch.items()}
   types = {k: v.dtype for k, v in batch.items()}
-  return model.get_initial_variables(jax.random.PRNGKey(seed), shapes,
-                                     types)['params']
+  params = jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), shapes, types))['params']
+  return helpers.draw_params(params, seed, model.module.config.head_dim)
+
+
+def jitted(method, **kwargs):
+  """`method` (a T5X model's loss_fn, score_batch, predict_batch...) with
+  static `kwargs`, compiled as T5X's binaries compile it: run eagerly, each
+  of its hundreds of ops compiles on its own."""
+  return jax.jit(functools.partial(method, **kwargs))
 
 
 def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(),
