@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import sys
 import tempfile
 from unittest import mock
@@ -99,6 +100,9 @@ class GinConfigTest(parameterized.TestCase):
           break
         header.append(line)
       self.assertTrue(any(l.startswith('# Requires: ') for l in header), f)
+      # Example commands name the files as installed (t5x_speed/gin/...).
+      for path in re.findall(r'--gin_file=(\S+)', '\n'.join(header)):
+        self.assertTrue((REPO / path).is_file(), (f, path))
 
   @parameterized.parameters(*[f.name for f in MODEL_FILES
                               if f.name != 'decoder_only.gin'])
