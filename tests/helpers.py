@@ -26,18 +26,23 @@ def tiny_config(**overrides) -> network.TransformerConfig:
 
 
 def random_params(module: network.SpeedTransformer, seed: int):
-  """Random parameters of `module`, drawn from seed on the host with the
-  scales of its initialisers (layers.py): scales 1, embeddings N(0, 1),
-  kernels N(0, 1/fan_in) (the query's also over head_dim), the relative
-  position table uniform with variance 1/fan_avg.
-
-  Only the parameters' shapes are traced; compiling `module.init` (every
-  leaf's random draw) takes seconds per configuration.
-  """
+  """Random parameters of `module` (`draw_params` of its shapes)."""
   tokens = jnp.ones((1, 4), jnp.int32)
   shapes = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
-  head_dim = module.config.head_dim
+  return draw_params(shapes, seed, module.config.head_dim)
+
+
+def draw_params(shapes, seed: int, head_dim: int):
+  """Random weights of the `shapes` tree (ours or T5X's decoder-only
+  parameter names), drawn from seed on the host with the scales of the
+  initialisers (layers.py): scales 1, embeddings N(0, 1), kernels
+  N(0, 1/fan_in) (the query's also over head_dim), the relative position
+  table uniform with variance 1/fan_avg.
+
+  Only the shapes are traced: compiling an init (every leaf's random draw)
+  takes seconds per configuration.
+  """
   rng = np.random.default_rng(seed)
 
   def draw(path, leaf):

@@ -1,7 +1,6 @@
 """Small T5X models and batches, and T5X's binaries, for the tests that need T5X."""
 
 from concurrent import futures
-import functools
 import os
 import pathlib
 import subprocess
@@ -74,13 +73,6 @@ def init_params(model, batch, seed=0):
   params = jax.eval_shape(lambda: model.get_initial_variables(
       jax.random.PRNGKey(0), shapes, types))['params']
   return helpers.draw_params(params, seed, model.module.config.head_dim)
-
-
-def jitted(method, **kwargs):
-  """`method` (a T5X model's loss_fn, score_batch, predict_batch...) with
-  static `kwargs`, compiled as T5X's binaries compile it: run eagerly, each
-  of its hundreds of ops compiles on its own."""
-  return jax.jit(functools.partial(method, **kwargs))
 
 
 def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(),

@@ -299,10 +299,11 @@ class DecodeResultsTest(absltest.TestCase):
     # Weights of 256 x 512 float32 (512 KiB) are split across threads.
     shape = dict(emb_dim=256, mlp_dim=512, num_heads=4, head_dim=64)
     module, params = _model(shape=shape)
-    tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 8), 2, 61)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(2, 61, (2, 8)), jnp.int32)
     _, cache = jax.jit(lambda p: module.apply(
         {'params': p}, tokens, jnp.array([4, 6]), method='prefill'))(params)
-    carry = jax.random.normal(jax.random.PRNGKey(1), (2, 2, 256))
+    carry = jnp.asarray(rng.standard_normal((2, 2, 256)), jnp.float32)
     positions = jnp.array([[4, 3, 2], [6, 5, -1]])
     logits = []
     for threads in (1, 0):

@@ -69,10 +69,10 @@ class CrossEntropyTest(parameterized.TestCase):
                          normalizer=(None, 7.0))
   def test_matches_reference_value_and_gradient(self, label_smoothing, z_loss,
                                                 normalizer):
-    key = jax.random.split(jax.random.PRNGKey(0), 3)
-    logits = 3 * jax.random.normal(key[0], (2, 5, 11))
-    targets = jax.random.randint(key[1], (2, 5), 0, 11)
-    weights = jax.random.uniform(key[2], (2, 5))
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(3 * rng.standard_normal((2, 5, 11)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 11, (2, 5)), jnp.int32)
+    weights = jnp.asarray(rng.uniform(size=(2, 5)), jnp.float32)
     scale = 1.0 if normalizer is None else 1.0 / normalizer
 
     def ours(x):
@@ -87,9 +87,9 @@ class CrossEntropyTest(parameterized.TestCase):
                                rtol=1e-4, atol=1e-6)
 
   def test_final_only_equals_the_ordinary_loss(self):
-    key = jax.random.split(jax.random.PRNGKey(1), 2)
-    exit_logits = jax.random.normal(key[0], (3, 2, 4, 9))
-    targets = jax.random.randint(key[1], (2, 4), 0, 9)
+    rng = np.random.default_rng(1)
+    exit_logits = jnp.asarray(rng.standard_normal((3, 2, 4, 9)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 9, (2, 4)), jnp.int32)
     total, _, per_exit, _ = losses.multi_exit_cross_entropy(
         exit_logits, targets, exit_weighting='final_only', z_loss=1e-4)
     plain = losses.weighted_cross_entropy(exit_logits[-1], targets,
@@ -102,9 +102,9 @@ class CrossEntropyTest(parameterized.TestCase):
     np.testing.assert_array_equal(grad[:2], 0)
 
   def test_weighted_sum_of_exits(self):
-    key = jax.random.split(jax.random.PRNGKey(2), 2)
-    exit_logits = jax.random.normal(key[0], (4, 2, 3, 7))
-    targets = jax.random.randint(key[1], (2, 3), 0, 7)
+    rng = np.random.default_rng(2)
+    exit_logits = jnp.asarray(rng.standard_normal((4, 2, 3, 7)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 7, (2, 3)), jnp.int32)
     total, _, per_exit, _ = losses.multi_exit_cross_entropy(
         exit_logits, targets, exit_weighting='linear')
     expected = sum((i + 1) / 10 * losses.weighted_cross_entropy(

@@ -149,7 +149,7 @@ class ParameterTest(parameterized.TestCase):
   def test_gradients_reach_exactly_the_unique_layers(self, sharing):
     module, params = _model(sharing=sharing, num_unique_layers=3,
                             num_repeats=2)
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 6), 1, 61)
+    tokens = _random_batch(1, 2, 6)
 
     def loss(p):
       logits = module.apply({'params': p}, tokens, tokens,
@@ -167,7 +167,7 @@ class ParameterTest(parameterized.TestCase):
 
   def test_every_exit_has_its_own_depth(self):
     module, params = tiny_model()
-    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 5), 1, 61)
+    tokens = _random_batch(2, 2, 5)
     logits = module.apply({'params': params}, tokens, tokens,
                           enable_dropout=False)
     last = module.apply({'params': params}, tokens, tokens,
@@ -178,7 +178,7 @@ class ParameterTest(parameterized.TestCase):
 
   def test_dropout_is_active_only_when_enabled(self):
     module, params = _model(dropout_rate=0.3)
-    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 5), 1, 61)
+    tokens = _random_batch(2, 2, 5)
     run = lambda seed, enable: module.apply(
         {'params': params}, tokens, tokens, enable_dropout=enable,
         rngs={'dropout': jax.random.PRNGKey(seed)})
@@ -187,7 +187,9 @@ class ParameterTest(parameterized.TestCase):
 
 
 def _random_batch(seed, batch, length, vocab=61):
-  return jax.random.randint(jax.random.PRNGKey(seed), (batch, length), 1, vocab)
+  """[batch, length] token ids in [1, vocab), drawn on the host."""
+  return jnp.asarray(np.random.default_rng(seed).integers(
+      1, vocab, (batch, length)), jnp.int32)
 
 
 class CachedCallsTest(parameterized.TestCase):

@@ -71,18 +71,16 @@ class UnsharedParityTest(parameterized.TestCase):
     theirs = th.t5x_model(num_layers=3, bidirectional=bidirectional)
     batch = th.prefix_lm_batch(seed=1)
     params = th.init_params(theirs, batch)
-    loss, metrics = th.jitted(ours.loss_fn)(params, batch, None)
-    t5x_loss, t5x_metrics = th.jitted(theirs.loss_fn)(params, batch, None)
+    loss, metrics = ours.loss_fn(params, batch, None)
+    t5x_loss, t5x_metrics = theirs.loss_fn(params, batch, None)
     np.testing.assert_allclose(loss, t5x_loss, rtol=1e-6)
     for name in ('accuracy', 'loss', 'z_loss', 'cross_ent_loss'):
       np.testing.assert_allclose(metrics[name].compute(),
                                  t5x_metrics[name].compute(), rtol=1e-6)
-    np.testing.assert_allclose(th.jitted(ours.score_batch)(params, batch),
-                               th.jitted(theirs.score_batch)(params, batch),
-                               rtol=1e-5)
-    decodes, aux = th.jitted(ours.predict_batch_with_aux)(params, batch)
-    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux)(params,
-                                                                    batch)
+    np.testing.assert_allclose(ours.score_batch(params, batch),
+                               theirs.score_batch(params, batch), rtol=1e-5)
+    decodes, aux = ours.predict_batch_with_aux(params, batch)
+    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch)
     np.testing.assert_array_equal(decodes, t5x_decodes)
     self.assertEqual(set(aux), {'scores'})
 
@@ -94,14 +92,14 @@ class SharedModelTest(parameterized.TestCase):
     batch = th.prefix_lm_batch(seed=2, batch=5)
     speed = th.speed_model(bidirectional=bidirectional)
     params = th.init_params(speed, batch, seed=3)
-    decodes, aux = th.jitted(speed.predict_batch_with_aux)(params, batch)
-    greedy_decodes, greedy_aux = th.jitted(th.speed_model(
+    decodes, aux = speed.predict_batch_with_aux(params, batch)
+    greedy_decodes, greedy_aux = th.speed_model(
         decode_fn=decoding.greedy_decode, bidirectional=bidirectional
-    ).predict_batch_with_aux)(params, batch)
+    ).predict_batch_with_aux(params, batch)
     np.testing.assert_array_equal(decodes, greedy_decodes)
-    t5x_decodes, _ = th.jitted(th.speed_model(
+    t5x_decodes, _ = th.speed_model(
         decode_fn=th.T5X_GREEDY, bidirectional=bidirectional
-    ).predict_batch_with_aux)(params, batch)
+    ).predict_batch_with_aux(params, batch)
     np.testing.assert_array_equal(decodes, t5x_decodes)
     np.testing.assert_allclose(aux['scores'], greedy_aux['scores'], rtol=1e-4)
     self.assertEqual(aux['speed/flushes'].shape, (5, 3))
@@ -118,9 +116,8 @@ class SharedModelTest(parameterized.TestCase):
     short = th.speed_model(speculative_vocab_size=9)
     params = th.init_params(short, batch, seed=8)
     greedy = th.speed_model(decode_fn=decoding.greedy_decode)
-    np.testing.assert_array_equal(th.jitted(short.predict_batch)(params, batch),
-                                  th.jitted(greedy.predict_batch)(params,
-                                                                  batch))
+    np.testing.assert_array_equal(short.predict_batch(params, batch),
+                                  greedy.predict_batch(params, batch))
 
   def test_jitted_predict(self):
     batch = th.prefix_lm_batch(seed=4)
@@ -134,14 +131,12 @@ class SharedModelTest(parameterized.TestCase):
     batch = th.prefix_lm_batch(seed=5)
     model = th.speed_model(exit_weighting='linear')
     params = th.init_params(model, batch)
-    loss, metrics = th.jitted(model.loss_fn)(params, batch, None)
-    exit_logits = th.jitted(model._compute_logits)(params, batch)
+    loss, metrics = model.loss_fn(params, batch, None)
+    exit_logits = model._compute_logits(params, batch)
     self.assertEqual(exit_logits.shape[0], 3)
-    expected, _, per_exit, _ = jax.jit(functools.partial(
-        losses.multi_exit_cross_entropy, exit_weighting='linear',
-        z_loss=1e-4))(
-            exit_logits, batch['decoder_target_tokens'],
-            batch['decoder_loss_weights'])
+    expected, _, per_exit, _ = losses.multi_exit_cross_entropy(
+        exit_logits, batch['decoder_target_tokens'],
+        batch['decoder_loss_weights'], 'linear', z_loss=1e-4)
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     for i in range(3):
       np.testing.assert_allclose(metrics[f'exit_{i + 1}/loss'].compute(),
@@ -151,13 +146,12 @@ class SharedModelTest(parameterized.TestCase):
     self.assertNotIn('exit_1/flip_rate', metrics)
     self.assertBetween(float(metrics['exit_3/flip_rate'].compute()), 0.0, 1.0)
     # The final exit drives T5X's own accuracy metric.
-    final_acc = jax.jit(losses.exit_statistics)(
+    final_acc = losses.exit_statistics(
         exit_logits, batch['decoder_target_tokens'],
         batch['decoder_loss_weights'])['exit_3/accuracy']
     np.testing.assert_allclose(metrics['accuracy'].compute(),
                                final_acc[0] / final_acc[1], rtol=1e-6)
-    grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(
-        params)
+    grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
     self.assertEqual(sorted(grads['decoder']),
                      ['decoder_norm', 'layers_0', 'layers_1', 'relpos_bias',
                       'token_embedder'])
@@ -167,20 +161,20 @@ class SharedModelTest(parameterized.TestCase):
     final = th.speed_model()
     every = th.speed_model(score_all_exits=True)
     params = th.init_params(final, batch)
-    scores = th.jitted(every.score_batch)(params, batch)
+    scores = every.score_batch(params, batch)
     self.assertEqual(scores.shape, (4, 3))
-    final_scores = th.jitted(final.score_batch)(params, batch)
-    np.testing.assert_allclose(scores[:, -1], final_scores, rtol=1e-6)
+    np.testing.assert_allclose(scores[:, -1], final.score_batch(params, batch),
+                               rtol=1e-6)
     # The final-exit score is minus the (unsmoothed, z-loss-free) loss.
-    logits = th.jitted(final._compute_logits)(params, batch)[-1]
+    logits = final._compute_logits(params, batch)[-1]
     nll = -jnp.take_along_axis(jax.nn.log_softmax(logits),
                                batch['decoder_target_tokens'][..., None],
                                -1)[..., 0]
     np.testing.assert_allclose(
-        final_scores, -(nll * batch['decoder_loss_weights']).sum(-1),
-        rtol=1e-5)
-    _, intermediates = th.jitted(final.score_batch, return_intermediates=True)(
-        params, batch)
+        final.score_batch(params, batch),
+        -(nll * batch['decoder_loss_weights']).sum(-1), rtol=1e-5)
+    _, intermediates = final.score_batch(params, batch,
+                                         return_intermediates=True)
     self.assertEqual(intermediates['decoder']['exit_token_scores'][0].shape,
                      (3, 4, 16))
 
@@ -220,15 +214,13 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     theirs._decode_fn = BEAM  # pylint: disable=protected-access
     params = th.init_params(theirs, batch, seed=12)
     kwargs = dict(num_decodes=4, return_all_decodes=True)
-    decodes, aux = th.jitted(ours.predict_batch_with_aux, **kwargs)(params,
-                                                                    batch)
-    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux,
-                                     **kwargs)(params, batch)
+    decodes, aux = ours.predict_batch_with_aux(params, batch, **kwargs)
+    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch,
+                                                         **kwargs)
     self.assertEqual(decodes.shape, (5, 4, 16))
     np.testing.assert_array_equal(decodes, t5x_decodes)
     np.testing.assert_allclose(aux['scores'], t5x_aux['scores'], rtol=1e-5)
-    best, best_aux = th.jitted(ours.predict_batch_with_aux, num_decodes=4)(
-        params, batch)
+    best, best_aux = ours.predict_batch_with_aux(params, batch, num_decodes=4)
     np.testing.assert_array_equal(best, t5x_decodes[:, -1])
     np.testing.assert_allclose(best_aux['scores'], t5x_aux['scores'][:, -1],
                                rtol=1e-5)
@@ -250,16 +242,15 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     rows, index = _continuations(batch, decodes)
     checked = [i for i, (b, k) in enumerate(index) if finished[b, k]]
     self.assertGreaterEqual(len(checked), 3)
-    score = th.jitted(model.score_batch)
-    expected = score(params, rows)
+    expected = model.score_batch(params, rows)
     for i in checked:
       b, k = index[i]
       self.assertAlmostEqual(float(scores[b, k]), float(expected[i]),
                              delta=1e-4 * max(1.0, abs(float(expected[i]))))
     # The best beam is at least as likely as the greedy (SPEED) decode.
-    greedy = th.jitted(th.speed_model().predict_batch)(params, batch)
+    greedy = th.speed_model().predict_batch(params, batch)
     greedy_rows, greedy_index = _continuations(batch, np.asarray(greedy)[:, None])
-    greedy_scores = score(params, greedy_rows)
+    greedy_scores = model.score_batch(params, greedy_rows)
     compared = [i for i, (b, _) in enumerate(greedy_index) if finished[b, -1]]
     self.assertNotEmpty(compared)
     for i in compared:
@@ -285,7 +276,7 @@ class T5XDecodeFnsTest(parameterized.TestCase):
         len({tuple(np.asarray(d)) for d in decodes.reshape(16, 16)}), 8)
     rows, index = _continuations(batch, decodes)
     self.assertGreaterEqual(len(index), 8)
-    expected = th.jitted(model.score_batch)(params, rows)
+    expected = model.score_batch(params, rows)
     for i, (b, k) in enumerate(index):
       self.assertAlmostEqual(float(aux['scores'][b, k]), float(expected[i]),
                              delta=1e-4 * max(1.0, abs(float(expected[i]))))
@@ -323,9 +314,9 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     speed = th.speed_model()
     params = th.init_params(speed, batch, seed=18)
     sampler = th.speed_model(decode_fn=th.T5X_GREEDY)
-    decodes, _ = th.jitted(sampler.predict_batch_with_aux, num_decodes=3,
-                           return_all_decodes=True)(params, batch)
-    expected = th.jitted(speed.predict_batch)(params, batch)
+    decodes, _ = sampler.predict_batch_with_aux(
+        params, batch, num_decodes=3, return_all_decodes=True)
+    expected = speed.predict_batch(params, batch)
     for k in range(3):
       np.testing.assert_array_equal(decodes[:, k], expected)
 
@@ -335,13 +326,13 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     model = th.speed_model(decode_fn=decode_fn)
     params = th.init_params(model, batch)
     with self.assertRaisesRegex(ValueError, 'would sample'):
-      th.jitted(model.predict_batch_with_aux, decoder_params={
-          'temperature': 0.7, 'topk': 5})(params, batch)
+      model.predict_batch_with_aux(
+          params, batch, decoder_params={'temperature': 0.7, 'topk': 5})
     # Values with which T5X's sampler is greedy too are accepted.
     np.testing.assert_array_equal(
-        th.jitted(model.predict_batch_with_aux, decoder_params={
-            'temperature': 0.0, 'topk': 5})(params, batch)[0],
-        th.jitted(model.predict_batch)(params, batch))
+        model.predict_batch_with_aux(params, batch, decoder_params={
+            'temperature': 0.0, 'topk': 5})[0],
+        model.predict_batch(params, batch))
 
   def test_which_decode_fns_take_the_kv_cache(self):
     self.assertTrue(steps.takes_kv_cache(decoding.greedy_decode))
@@ -385,11 +376,10 @@ class T5XDecodeFnsTest(parameterized.TestCase):
 
   def test_t5x_cache_expands_and_reorders_per_example(self):
     # T5X's helpers on the T5X-form cache move whole examples: batch axis 1.
-    cache = jax.jit(functools.partial(
-        th.speed_model().module.apply, method='prefill'))(
-            {'params': th.init_params(th.speed_model(), th.prefix_lm_batch())},
-            jnp.arange(12, dtype=jnp.int32).reshape(2, 6) + 2,
-            jnp.array([3, 5]))[1]
+    cache = th.speed_model().module.apply(
+        {'params': th.init_params(th.speed_model(), th.prefix_lm_batch())},
+        jnp.arange(12, dtype=jnp.int32).reshape(2, 6) + 2, jnp.array([3, 5]),
+        method='prefill')[1]
     t5x_cache = steps.to_t5x_cache(cache, jnp.array([3, 5]))
     expanded = t5x_decoding.cache_map(functools.partial(
         t5x_decoding.flat_batch_beam_expand, beam_size=3,

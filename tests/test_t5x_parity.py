@@ -12,6 +12,7 @@ t5x_network = pytest.importorskip('t5x.examples.decoder_only.network')
 
 from t5x_speed import losses  # pylint: disable=g-import-not-at-top
 from t5x_speed import network
+import helpers
 
 _KW = dict(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=48,
            mlp_activations=('gelu', 'linear'))
@@ -27,18 +28,30 @@ def _pair(dtype, logits_via_embedding=True):
   return theirs, ours
 
 
+def _init(module, tokens):
+  """Random parameters of `module` (`helpers.draw_params` of its shapes)."""
+  shapes = jax.eval_shape(lambda: module.init(
+      jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
+  return helpers.draw_params(shapes, 0, _KW['head_dim'])
+
+
+def _tokens(seed, shape):
+  """Token ids in [1, 64), drawn on the host."""
+  return jnp.asarray(np.random.default_rng(seed).integers(1, 64, shape),
+                     jnp.int32)
+
+
 class NetworkParityTest(parameterized.TestCase):
 
   @parameterized.product(dtype=('float32', 'bfloat16'), tied=(True, False))
   def test_unshared_network_is_t5x_decoder_only(self, dtype, tied):
     theirs, ours = _pair(dtype, tied)
-    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 1, 64)
+    tokens = _tokens(1, (2, 10))
     tokens = tokens.at[1, 8:].set(0)  # padding
     causal = (jnp.arange(10) < jnp.array([[4], [6]])).astype(jnp.int32)
-    params = theirs.init(jax.random.PRNGKey(0), tokens, tokens,
-                         enable_dropout=False)['params']
-    ours_shape = ours.init(jax.random.PRNGKey(0), tokens, tokens,
-                           enable_dropout=False)['params']
+    params = _init(theirs, tokens)
+    ours_shape = jax.eval_shape(lambda: ours.init(
+        jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
     self.assertEqual(jax.tree.structure(params), jax.tree.structure(ours_shape))
     for bidirectional in (None, causal):
       expected = theirs.apply({'params': params}, tokens, tokens,
@@ -52,9 +65,8 @@ class NetworkParityTest(parameterized.TestCase):
 
   def test_cached_decode_matches_t5x_cached_decode(self):
     theirs, ours = _pair('float32')
-    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 8), 1, 64)
-    params = theirs.init(jax.random.PRNGKey(0), tokens, tokens,
-                         enable_dropout=False)['params']
+    tokens = _tokens(2, (2, 8))
+    params = _init(theirs, tokens)
     lengths = jnp.array([3, 5])
     # T5X: initialise the cache, prefill, then one decode=True step each.
     _, init = theirs.apply({'params': params}, jnp.ones_like(tokens),
@@ -87,10 +99,11 @@ class LossParityTest(parameterized.TestCase):
                          normalizer=(None, 5.0), weighted=(False, True))
   def test_exit_loss_is_t5x_loss(self, label_smoothing, z_loss, normalizer,
                                  weighted):
-    key = jax.random.split(jax.random.PRNGKey(3), 3)
-    logits = 2 * jax.random.normal(key[0], (2, 6, 13))
-    targets = jax.random.randint(key[1], (2, 6), 0, 13)
-    weights = jax.random.uniform(key[2], (2, 6)) if weighted else None
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(2 * rng.standard_normal((2, 6, 13)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 13, (2, 6)), jnp.int32)
+    weights = (jnp.asarray(rng.uniform(size=(2, 6)), jnp.float32)
+               if weighted else None)
     args = (targets, weights, label_smoothing, z_loss, normalizer)
     ours = losses.weighted_cross_entropy(logits, *args)
     theirs = t5x_losses.compute_weighted_cross_entropy(logits, *args)
