@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import network
+from tools.fuzz_cases import RESIDUAL_OUTPUTS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,8 +26,9 @@ def tiny_config(**overrides) -> network.TransformerConfig:
   return network.TransformerConfig(**kwargs)
 
 
-def random_params(module: network.SpeedTransformer, seed: int):
-  """Random parameters of `module` (`draw_params` of its shapes)."""
+def random_params(module, seed: int):
+  """Random parameters of `module`, a `network.SpeedTransformer` or T5X's
+  decoder-only `DecoderWrapper` (`draw_params` of its shapes)."""
   tokens = jnp.ones((1, 4), jnp.int32)
   shapes = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
@@ -72,10 +74,10 @@ def tiny_model(**overrides):
                                cfg.num_unique_layers * 7 + cfg.num_repeats)
 
 
-# The kernels closing each residual branch (attention's and the MLP's
-# output projections): scaling them sets how much each layer moves the
-# prediction.
-RESIDUAL_OUTPUTS = ('out', 'wo')
+def random_tokens(seed: int, shape, vocab: int):
+  """Token ids in [1, vocab) of `shape`, drawn on the host."""
+  return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, shape),
+                     jnp.int32)
 
 
 def is_residual_output(path) -> bool:

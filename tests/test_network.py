@@ -12,7 +12,7 @@ import numpy as np
 from t5x_speed import config as config_lib
 from t5x_speed import layers
 from t5x_speed import network
-from helpers import tiny_config, tiny_model
+from helpers import random_tokens, tiny_config, tiny_model
 
 ORDERS = ('cycle', 'sequence', 'cycle_rev')
 # T5X logical axis names known to its standard partitioning rules.
@@ -149,7 +149,7 @@ class ParameterTest(parameterized.TestCase):
   def test_gradients_reach_exactly_the_unique_layers(self, sharing):
     module, params = _model(sharing=sharing, num_unique_layers=3,
                             num_repeats=2)
-    tokens = _random_batch(1, 2, 6)
+    tokens = random_tokens(1, (2, 6), 61)
 
     def loss(p):
       logits = module.apply({'params': p}, tokens, tokens,
@@ -167,7 +167,7 @@ class ParameterTest(parameterized.TestCase):
 
   def test_every_exit_has_its_own_depth(self):
     module, params = tiny_model()
-    tokens = _random_batch(2, 2, 5)
+    tokens = random_tokens(2, (2, 5), 61)
     logits = module.apply({'params': params}, tokens, tokens,
                           enable_dropout=False)
     last = module.apply({'params': params}, tokens, tokens,
@@ -178,18 +178,12 @@ class ParameterTest(parameterized.TestCase):
 
   def test_dropout_is_active_only_when_enabled(self):
     module, params = _model(dropout_rate=0.3)
-    tokens = _random_batch(2, 2, 5)
+    tokens = random_tokens(2, (2, 5), 61)
     run = lambda seed, enable: module.apply(
         {'params': params}, tokens, tokens, enable_dropout=enable,
         rngs={'dropout': jax.random.PRNGKey(seed)})
     np.testing.assert_array_equal(run(0, False), run(1, False))
     self.assertGreater(float(jnp.abs(run(0, True) - run(1, True)).max()), 1e-3)
-
-
-def _random_batch(seed, batch, length, vocab=61):
-  """[batch, length] token ids in [1, vocab), drawn on the host."""
-  return jnp.asarray(np.random.default_rng(seed).integers(
-      1, vocab, (batch, length)), jnp.int32)
 
 
 class CachedCallsTest(parameterized.TestCase):
@@ -200,7 +194,7 @@ class CachedCallsTest(parameterized.TestCase):
                                                 bidirectional):
     module, params = _model(sharing=sharing, num_repeats=repeats)
     apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
-    tokens = _random_batch(3, 3, 9)
+    tokens = random_tokens(3, (3, 9), 61)
     prefix = jnp.array([2, 4, 1])
     region = (jnp.arange(9) < prefix[:, None]).astype(jnp.int32)
     causal = region if bidirectional else None
@@ -225,7 +219,7 @@ class CachedCallsTest(parameterized.TestCase):
     """Slots at different stages and positions give the full-depth logits."""
     module, params = _model(sharing=sharing, num_repeats=repeats)
     apply = lambda *a, **k: module.apply({'params': params}, *a, **k)
-    tokens = _random_batch(4, 2, 12)
+    tokens = random_tokens(4, (2, 12), 61)
     prefix = jnp.array([3, 5])
     full = apply(tokens, tokens, enable_dropout=False)
     _, cache = apply(tokens, prefix, method='prefill')
@@ -248,7 +242,7 @@ class CachedCallsTest(parameterized.TestCase):
   def test_speculative_vocab_shortlist(self):
     module, params = tiny_model()
     apply = _jit_apply(module, params)
-    tokens = _random_batch(9, 2, 8)
+    tokens = random_tokens(9, (2, 8), 61)
     _, cache = apply(tokens, jnp.array([4, 5]), method='prefill')
     args = (tokens[:, 4], jnp.ones((2, 2, 32)), jnp.array([[4, 3, 2],
                                                             [5, -1, 3]]))
@@ -263,7 +257,7 @@ class CachedCallsTest(parameterized.TestCase):
 
   def test_one_cache_per_virtual_layer(self):
     module, params = _model(num_unique_layers=2, num_repeats=3)
-    tokens = _random_batch(5, 2, 6)
+    tokens = random_tokens(5, (2, 6), 61)
     _, cache = _jit_apply(module, params)(tokens, jnp.array([4, 6]),
                                           method='prefill')
     self.assertLen(cache.keys, 2)
@@ -277,7 +271,7 @@ class CachedCallsTest(parameterized.TestCase):
   def test_empty_slot_writes_nothing(self):
     module, params = tiny_model()
     apply = _jit_apply(module, params)
-    tokens = _random_batch(6, 2, 8)
+    tokens = random_tokens(6, (2, 8), 61)
     _, cache = apply(tokens, jnp.array([5, 5]), method='prefill')
     # Only slot 1 of example 0 is live; every other slot is empty (-1).
     pos = jnp.array([[-1, 5, -1], [-1, -1, -1]])
@@ -290,7 +284,7 @@ class CachedCallsTest(parameterized.TestCase):
   def test_rewriting_a_position_replaces_it(self):
     module, params = tiny_model()
     apply = _jit_apply(module, params)
-    tokens = _random_batch(7, 1, 8)
+    tokens = random_tokens(7, (1, 8), 61)
     _, cache = apply(tokens, jnp.array([4]), method='prefill')
     pos = jnp.array([4])
     _, once = apply(tokens[:, 4], pos, cache, method='decode_step')
@@ -303,7 +297,7 @@ class CachedCallsTest(parameterized.TestCase):
 
   def test_prefill_pads_to_cache_length(self):
     module, params = tiny_model()
-    tokens = _random_batch(8, 2, 5)
+    tokens = random_tokens(8, (2, 5), 61)
     _, cache = _jit_apply(module, params)(tokens, jnp.array([5, 3]),
                                           cache_length=9, method='prefill')
     self.assertEqual(cache.length, 9)

@@ -28,28 +28,15 @@ def _pair(dtype, logits_via_embedding=True):
   return theirs, ours
 
 
-def _init(module, tokens):
-  """Random parameters of `module` (`helpers.draw_params` of its shapes)."""
-  shapes = jax.eval_shape(lambda: module.init(
-      jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
-  return helpers.draw_params(shapes, 0, _KW['head_dim'])
-
-
-def _tokens(seed, shape):
-  """Token ids in [1, 64), drawn on the host."""
-  return jnp.asarray(np.random.default_rng(seed).integers(1, 64, shape),
-                     jnp.int32)
-
-
 class NetworkParityTest(parameterized.TestCase):
 
   @parameterized.product(dtype=('float32', 'bfloat16'), tied=(True, False))
   def test_unshared_network_is_t5x_decoder_only(self, dtype, tied):
     theirs, ours = _pair(dtype, tied)
-    tokens = _tokens(1, (2, 10))
+    tokens = helpers.random_tokens(1, (2, 10), 64)
     tokens = tokens.at[1, 8:].set(0)  # padding
     causal = (jnp.arange(10) < jnp.array([[4], [6]])).astype(jnp.int32)
-    params = _init(theirs, tokens)
+    params = helpers.random_params(theirs, 0)
     ours_shape = jax.eval_shape(lambda: ours.init(
         jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
     self.assertEqual(jax.tree.structure(params), jax.tree.structure(ours_shape))
@@ -65,8 +52,8 @@ class NetworkParityTest(parameterized.TestCase):
 
   def test_cached_decode_matches_t5x_cached_decode(self):
     theirs, ours = _pair('float32')
-    tokens = _tokens(2, (2, 8))
-    params = _init(theirs, tokens)
+    tokens = helpers.random_tokens(2, (2, 8), 64)
+    params = helpers.random_params(theirs, 0)
     lengths = jnp.array([3, 5])
     # T5X: initialise the cache, prefill, then one decode=True step each.
     _, init = theirs.apply({'params': params}, jnp.ones_like(tokens),
