@@ -42,8 +42,8 @@ def draw_params(shapes, seed: int, head_dim: int):
   N(0, 1/fan_in) (the query's also over head_dim), the relative position
   table uniform with variance 1/fan_avg.
 
-  Only the shapes are traced: compiling an init (every leaf's random draw)
-  takes seconds per configuration.
+  Only the shapes are traced: a compiled init (every leaf's random draw)
+  would be one more program to compile per configuration.
   """
   rng = np.random.default_rng(seed)
 
