@@ -44,8 +44,7 @@ T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
 # demo), started first so that with pytest-xdist (`make test`) no worker is
 # left running one of them alone at the end.
 SLOW_FIRST = ('test_t5x_binaries.py', 'test_readme_commands.py',
-              'test_t5x_checkpoints.py', 'test_fuzz.py', 'test_demo.py',
-              'test_t5x_model.py')
+              'test_fuzz.py', 'test_demo.py', 'test_t5x_model.py')
 
 
 def pytest_collection_modifyitems(items):

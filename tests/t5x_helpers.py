@@ -1,10 +1,13 @@
 """Small T5X models and batches, and T5X's binaries, for the tests that need T5X."""
 
 from concurrent import futures
+import glob
 import os
 import pathlib
+import random
 import subprocess
 import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -109,3 +112,75 @@ def run_concurrently(*calls):
   """
   with futures.ThreadPoolExecutor(2) as pool:
     return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+TASK_MODULE = textwrap.dedent('''\
+    """A tiny seqio task for the binaries test: reverse a list of words."""
+    import os
+    import seqio
+    import tensorflow as tf
+    from t5x_speed.tasks import metrics
+
+    DATA = os.path.dirname(os.path.abspath(__file__))
+    VOCAB = seqio.SentencePieceVocabulary(os.path.join(DATA, 'spm.model'))
+
+    def parse(ds):
+      def fn(line):
+        inputs, targets = tf.strings.split(line, '\\t')[0], tf.strings.split(
+            line, '\\t')[1]
+        return {'inputs': inputs, 'targets': targets}
+      return ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def exact_match(targets, predictions):
+      hits = sum(t == p for t, p in zip(targets, predictions))
+      return {'exact_match': 100.0 * hits / max(len(targets), 1)}
+
+    seqio.TaskRegistry.add(
+        'e2e_reverse',
+        source=seqio.TextLineDataSource({
+            split: os.path.join(DATA, f'{split}.tsv')
+            for split in ('train', 'validation', 'test')}),
+        preprocessors=[parse, seqio.preprocessors.tokenize,
+                       seqio.preprocessors.append_eos_after_trim],
+        output_features={
+            'inputs': seqio.Feature(VOCAB, add_eos=True),
+            'targets': seqio.Feature(VOCAB, add_eos=True)},
+        metric_fns=[metrics.with_speed_statistics(exact_match)])
+    ''')
+WORDS = ('red green blue black white cat dog bird fish tree house car road '
+         'sun moon star').split()
+
+
+def write_reverse_task(root: str):
+  """Writes the `e2e_reverse` task's data, SentencePiece model and module
+  (`e2e_tasks`, importable with `root` on PYTHONPATH) into `root`."""
+  rng = random.Random(0)
+  sizes = {'train': 400, 'validation': 16, 'test': 12}
+  lines = []
+  for split, n in sizes.items():
+    with open(os.path.join(root, f'{split}.tsv'), 'w') as f:
+      for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 5))]
+        line = f"{' '.join(words)}\t{' '.join(reversed(words))}"
+        f.write(line + '\n')
+        lines.append(line.replace('\t', ' '))
+  helpers.train_sentencepiece(root, lines, vocab_size=32)
+  with open(os.path.join(root, 'e2e_tasks.py'), 'w') as f:
+    f.write(TASK_MODULE)
+
+
+def tensorboard_scalars(event_dir: str):
+  """{tag: {step: value}} of the TensorBoard scalars in event_dir."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  scalars = {}
+  for path in glob.glob(os.path.join(event_dir, 'events.out.tfevents*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for v in event.summary.value:
+        if v.HasField('simple_value'):
+          value = v.simple_value
+        else:
+          value = tf.make_ndarray(v.tensor)
+          if value.ndim or value.dtype.kind not in 'fiu':
+            continue  # text summaries (the gin config)
+        scalars.setdefault(v.tag, {})[event.step] = float(value)
+  return scalars

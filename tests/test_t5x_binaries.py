@@ -3,160 +3,262 @@
 The binaries run t5x_speed as a user installs it: built into a wheel and
 installed into a fresh venv beside T5X (`helpers.installed_package`), run
 from a directory outside the checkout, with the gin files named as installed
-(`t5x_speed/gin/...`, found on T5X's default search path). Trains a tiny 2x3 shared model on a seqio task built here (local text, a
-SentencePiece model trained here), evaluates it (the task metric with SPEED's
-statistics, and per-exit metrics), and runs inference once with SPEED and
-once with greedy decoding: the prediction files must be identical, and
-SPEED's statistics are written as metrics; then with T5X's beam search and
-multi-sample decoding, and with exact SPEED sampling.
+(`t5x_speed/gin/...`, found on T5X's default search path). One trained
+checkpoint serves every test: T5X's own tiny decoder-only model
+(t5x/examples/decoder_only/models/base.gin), trained with the stock
+`t5x.train` on a seqio task built here (local text, a SentencePiece model
+trained here). From it:
+
+* `t5x.infer` restores it through t5x_speed/gin/models/t5x_base_12l.gin and
+  decodes greedily: the predictions are T5X's model's own (its sampler at
+  temperature 0), and our model scores like T5X's;
+* t5x_speed/gin/runs/warm_start_from_t5x.gin starts a 2x3 shared model from
+  its first two layers, and t5x_speed/gin/runs/finetune.gin trains that
+  further, counting its steps and warmup from the restored step;
+* the finetuned shared model is evaluated (the task metric with SPEED's
+  statistics, and per-exit metrics) and decoded by `t5x.infer` once with
+  SPEED and once with greedy decoding: the prediction files must be
+  identical, and SPEED's statistics are written as metrics; then with T5X's
+  beam search and multi-sample decoding, and with exact SPEED sampling.
+
 Skipped when T5X is absent (it is not on PyPI).
 """
 
+from concurrent import futures
 import functools
 import glob
 import json
 import os
+import pathlib
 import tempfile
-import textwrap
 
 from absl.testing import absltest
+import jax
+import numpy as np
 import pytest
 
-pytest.importorskip('t5x')
-import tensorflow as tf
+t5x = pytest.importorskip('t5x')
+import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+import seqio  # pylint: disable=g-import-not-at-top
+from t5x import adafactor  # pylint: disable=g-import-not-at-top
+from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
+from t5x.examples.decoder_only import network as t5x_network  # pylint: disable=g-import-not-at-top
 
+from t5x_speed import decoding  # pylint: disable=g-import-not-at-top
+from t5x_speed import models  # pylint: disable=g-import-not-at-top
+from t5x_speed import network  # pylint: disable=g-import-not-at-top
 import helpers  # pylint: disable=g-import-not-at-top
 import t5x_helpers as th  # pylint: disable=g-import-not-at-top
 
-STEPS = 40
-FT_STEPS = 4
-TASK_MODULE = textwrap.dedent('''\
-    """A tiny seqio task for the binaries test: reverse a list of words."""
-    import functools
-    import os
-    import seqio
-    import tensorflow as tf
-    from t5x_speed.tasks import metrics
-
-    DATA = os.path.dirname(os.path.abspath(__file__))
-    VOCAB = seqio.SentencePieceVocabulary(os.path.join(DATA, 'spm.model'))
-
-    def parse(ds):
-      def fn(line):
-        inputs, targets = tf.strings.split(line, '\\t')[0], tf.strings.split(
-            line, '\\t')[1]
-        return {'inputs': inputs, 'targets': targets}
-      return ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
-
-    def exact_match(targets, predictions):
-      hits = sum(t == p for t, p in zip(targets, predictions))
-      return {'exact_match': 100.0 * hits / max(len(targets), 1)}
-
-    seqio.TaskRegistry.add(
-        'e2e_reverse',
-        source=seqio.TextLineDataSource({
-            split: os.path.join(DATA, f'{split}.tsv')
-            for split in ('train', 'validation', 'test')}),
-        preprocessors=[parse, seqio.preprocessors.tokenize,
-                       seqio.preprocessors.append_eos_after_trim],
-        output_features={
-            'inputs': seqio.Feature(VOCAB, add_eos=True),
-            'targets': seqio.Feature(VOCAB, add_eos=True)},
-        metric_fns=[metrics.with_speed_statistics(exact_match)])
-    ''')
-WORDS = ('red green blue black white cat dog bird fish tree house car road '
-         'sun moon star').split()
+STEPS = 30      # T5X's model
+FT_STEPS = 4    # the shared model's finetuning, after its one warm-start step
+SIZES = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
+LAYERS = 3
+# T5X's own gin files, by path: T5X ships them as data, not as packages.
+T5X_GIN = pathlib.Path(t5x.__file__).resolve().parents[1]
+T5X_MODEL = T5X_GIN / 't5x/examples/decoder_only/models/base.gin'
+MODEL = 't5x_speed/gin/models/speed_base_4x3.gin'
+VOCAB = seqio.PassThroughVocabulary(SIZES['vocab_size'], eos_id=1)
 
 
-def _write_data(root: str):
-  rng = __import__('random').Random(0)
-  sizes = {'train': 400, 'validation': 16, 'test': 12}
-  lines = []
-  for split, n in sizes.items():
-    with open(os.path.join(root, f'{split}.tsv'), 'w') as f:
-      for _ in range(n):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 5))]
-        line = f"{' '.join(words)}\t{' '.join(reversed(words))}"
-        f.write(line + '\n')
-        lines.append(line.replace('\t', ' '))
-  helpers.train_sentencepiece(root, lines, vocab_size=32)
-  with open(os.path.join(root, 'e2e_tasks.py'), 'w') as f:
-    f.write(TASK_MODULE)
+def _task(root):
+  return ["MIXTURE_OR_TASK_NAME = 'e2e_reverse'",
+          "MIXTURE_OR_TASK_MODULE = 'e2e_tasks'",
+          "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 16}",
+          'USE_CACHED_TASKS = False', 'BATCH_SIZE = 8']
 
 
-def _tiny_bindings(root: str):
-  return [
-      'NUM_UNIQUE_LAYERS = 2', 'NUM_REPEATS = 3',
-      'network.TransformerConfig.vocab_size = 128',
-      'network.TransformerConfig.emb_dim = 32',
-      'network.TransformerConfig.num_heads = 2',
-      'network.TransformerConfig.head_dim = 16',
-      'network.TransformerConfig.mlp_dim = 64',
-      "ACTIVATION_DTYPE = 'float32'",
-      f"SENTENCEPIECE_MODEL = '{root}/spm.model'",
-      "MIXTURE_OR_TASK_NAME = 'e2e_reverse'",
-      "MIXTURE_OR_TASK_MODULE = 'e2e_tasks'",
-      "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 16}",
-  ]
+def _t5x_bindings(root):
+  """T5X's base.gin at tiny size, float32, with the test's vocabulary."""
+  return [f'network.TransformerConfig.{k} = {v}' for k, v in SIZES.items()
+         ] + [f'network.TransformerConfig.num_layers = {LAYERS}',
+              "network.TransformerConfig.dtype = 'float32'",
+              'DROPOUT_RATE = 0.0',
+              "seqio.SentencePieceVocabulary.sentencepiece_model_file = "
+              f"'{root}/spm.model'"] + _task(root)
 
 
-def _run(binary: str, root: str, files, bindings):
-  return th.run_t5x(binary, root, [f't5x_speed/gin/{f}' for f in files],
-                    _tiny_bindings(root) + bindings, search_paths=(),
+def _our_bindings(root, unique_layers=2, repeats=3):
+  return [f'network.TransformerConfig.{k} = {v}' for k, v in SIZES.items()
+         ] + [f'NUM_UNIQUE_LAYERS = {unique_layers}',
+              f'NUM_REPEATS = {repeats}', "ACTIVATION_DTYPE = 'float32'",
+              f"SENTENCEPIECE_MODEL = '{root}/spm.model'"] + _task(root)
+
+
+def _run(binary: str, root: str, gin_files, bindings, search_paths=()):
+  return th.run_t5x(binary, root, gin_files, bindings, search_paths,
                     python=helpers.installed_package().python, cwd=root)
 
 
-def _scalars(event_dir: str):
-  """{tag: {step: value}} of the TensorBoard scalars in event_dir."""
-  scalars = {}
-  for path in glob.glob(os.path.join(event_dir, 'events.out.tfevents*')):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for v in event.summary.value:
-        if v.HasField('simple_value'):
-          value = v.simple_value
-        else:
-          value = tf.make_ndarray(v.tensor)
-          if value.ndim or value.dtype.kind not in 'fiu':
-            continue  # text summaries (the gin config)
-        scalars.setdefault(v.tag, {})[event.step] = float(value)
-  return scalars
+def _our_model(unique_layers, repeats):
+  return models.SpeedDecoderOnlyModel(
+      network.SpeedTransformer(network.TransformerConfig(
+          num_unique_layers=unique_layers, num_repeats=repeats,
+          dtype='float32', **SIZES)), VOCAB, adafactor.Adafactor(),
+      decode_fn=decoding.greedy_decode)
+
+
+def _t5x_model():
+  return t5x_models.DecoderOnlyModel(
+      t5x_network.DecoderWrapper(t5x_network.TransformerConfig(
+          num_layers=LAYERS, dtype='float32', logits_via_embedding=True,
+          dropout_rate=0.0, mlp_activations=('gelu', 'linear'), **SIZES)),
+      VOCAB, adafactor.Adafactor(), decode_fn=th.T5X_GREEDY)
+
+
+def _checkpoint_params(path):
+  """The parameters saved in checkpoint directory `path` (T5X's Orbax format)."""
+  return ocp.PyTreeCheckpointer().restore(os.path.join(path, 'state'))['target']
+
+
+def _predictions(out_dir):
+  """The rows of the one prediction file t5x.infer wrote into out_dir."""
+  files = [f for f in glob.glob(os.path.join(out_dir, 'e2e_reverse-*.jsonl*'))
+           if not f.endswith('.COMPLETED')]
+  assert len(files) == 1, files
+  with open(files[0]) as f:
+    return [json.loads(line) for line in f]
+
+
+def _leaves(tree, prefix=''):
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from _leaves(tree[k], f'{prefix}/{k}')
+  else:
+    yield prefix, np.asarray(tree)
 
 
 class StockBinariesTest(absltest.TestCase):
 
-  def test_train_eval_infer_speed_equals_greedy(self):
-    root = tempfile.mkdtemp()
-    _write_data(root)
-    model_dir = os.path.join(root, 'model')
-    model = 'models/speed_base_4x3.gin'
-    # The run files as shipped (eval period, uncached data, schedule); only
-    # sizes, steps and the task differ.
-    _run('train', root, [model, 'runs/pretrain_c4.gin'], [
-        f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
-        'BATCH_SIZE = 8'])
-    pretrained = os.path.join(model_dir, f'checkpoint_{STEPS}')
-    self.assertTrue(os.path.isdir(pretrained))
-    scalars = _scalars(os.path.join(model_dir, 'train'))
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.root = root = tempfile.mkdtemp()
+    th.write_reverse_task(root)
+    model_dir = os.path.join(root, 't5x_model')
+    _run('train', root, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
+         _t5x_bindings(root) + [
+             f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
+             "utils.create_learning_rate_scheduler.factors = 'constant'",
+             'utils.create_learning_rate_scheduler.base_learning_rate = 0.01'],
+         search_paths=(T5X_GIN,))
+    cls.checkpoint = os.path.join(model_dir, f'checkpoint_{STEPS}')
+    assert os.path.isdir(cls.checkpoint), os.listdir(model_dir)
+    cls.warm_checkpoint = os.path.join(root, 'warm_start',
+                                       f'checkpoint_{STEPS + 1}')
+    cls.ft_checkpoint = os.path.join(root, 'finetune',
+                                     f'checkpoint_{STEPS + 1 + FT_STEPS}')
+    # The binaries that read the checkpoint start now, two at a time (each
+    # keeps about one core busy importing and tracing); the finetuning waits
+    # for the warm start. Each test waits for its own runs and raises their
+    # failure.
+    cls.pool = futures.ThreadPoolExecutor(2)
+    cls.runs = {name: cls.pool.submit(run) for name, run in (
+        ('warm_start', cls._warm_start), ('infer_t5x', cls._infer_t5x),
+        ('infer_ours', cls._infer_ours), ('finetune', cls._finetune))}
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.pool.shutdown(cancel_futures=True)
+    super().tearDownClass()
+
+  @classmethod
+  def _infer_t5x(cls):
+    _run('infer', cls.root, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/infer.gin'],
+         _t5x_bindings(cls.root) + [
+             f"CHECKPOINT_PATH = '{cls.checkpoint}'",
+             f"INFER_OUTPUT_DIR = '{cls.root}/infer_t5x'",
+             'decoding.temperature_sample.temperature = 0.0',
+             'decoding.temperature_sample.topk = 1',
+             'utils.DatasetConfig.batch_size = 4'], search_paths=(T5X_GIN,))
+
+  @classmethod
+  def _infer_ours(cls):
+    _run('infer', cls.root, ['t5x_speed/gin/models/t5x_base_12l.gin',
+                             't5x_speed/gin/runs/infer.gin'],
+         _our_bindings(cls.root, unique_layers=LAYERS, repeats=1) + [
+             f"CHECKPOINT_PATH = '{cls.checkpoint}'",
+             f"INFER_OUTPUT_DIR = '{cls.root}/infer_ours'",
+             'utils.DatasetConfig.batch_size = 4'])
+
+  @classmethod
+  def _warm_start(cls):
+    # A zero learning rate keeps the restored parameters as they are.
+    _run('train', cls.root, [MODEL, 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
+         _our_bindings(cls.root) + [
+             f"MODEL_DIR = '{cls.root}/warm_start'",
+             f"INITIAL_CHECKPOINT_PATH = '{cls.checkpoint}'",
+             'FINETUNE_STEPS = 1', 'INPUTS_BIDIRECTIONAL_ATTENTION = False',
+             'utils.create_learning_rate_scheduler.base_learning_rate = 0.0'])
+
+  @classmethod
+  def _finetune(cls):
+    cls.runs['warm_start'].result()
+    _run('train', cls.root, [MODEL, 't5x_speed/gin/runs/finetune.gin'],
+         _our_bindings(cls.root) + [
+             f"MODEL_DIR = '{cls.root}/finetune'",
+             f"INITIAL_CHECKPOINT_PATH = '{cls.warm_checkpoint}'",
+             f'FINETUNE_STEPS = {FT_STEPS}'])
+
+  def test_restores_into_base_12l_and_decodes_as_t5x(self):
+    # Scores: the restored parameters in both models (while the binaries
+    # run), each method jitted as T5X's binaries jit it.
+    our_model, t5x_model = _our_model(LAYERS, 1), _t5x_model()
+    params = _checkpoint_params(self.checkpoint)
+    batch = th.prefix_lm_batch(seed=3, batch=6)
+    np.testing.assert_allclose(jax.jit(our_model.score_batch)(params, batch),
+                               jax.jit(t5x_model.score_batch)(params, batch),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(
+        jax.jit(our_model.predict_batch)(params, batch),
+        jax.jit(t5x_model.predict_batch)(params, batch))
+
+    self.runs['infer_t5x'].result()
+    self.runs['infer_ours'].result()
+    text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
+    theirs = text(_predictions(os.path.join(self.root, 'infer_t5x')))
+    ours = text(_predictions(os.path.join(self.root, 'infer_ours')))
+    self.assertLen(ours, 12)
+    self.assertEqual(ours, theirs)
+    self.assertTrue(any(p for _, p in ours))
+
+  def test_warm_start_of_a_shared_model_from_the_first_layers(self):
+    self.runs['warm_start'].result()
+    # The shared model's training writes every exit's metrics.
+    scalars = th.tensorboard_scalars(os.path.join(self.root, 'warm_start',
+                                                  'train'))
     for tag in ('exit_1/loss', 'exit_3/loss', 'exit_1/accuracy',
                 'exit_3/accuracy', 'exit_2/flip_rate', 'exit_3/flip_rate',
                 'loss', 'accuracy'):
       self.assertIn(tag, scalars)
+    source = _checkpoint_params(self.checkpoint)
+    warm = _checkpoint_params(self.warm_checkpoint)
+    self.assertEqual(sorted(warm['decoder']),
+                     ['decoder_norm', 'layers_0', 'layers_1', 'relpos_bias',
+                      'token_embedder'])
+    for name in warm['decoder']:
+      for (path, a), (source_path, b) in zip(
+          _leaves(warm['decoder'][name]), _leaves(source['decoder'][name])):
+        self.assertEqual(path, source_path)
+        # One Adafactor step at learning rate 0 moves them by float32
+        # rounding only (a fresh initialisation would differ entirely).
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7,
+                                   err_msg=f'{name}{path}')
 
-    # Finetuning counts its steps and its warmup from the restored step.
-    ft_dir = os.path.join(root, 'finetune')
-    _run('train', root, [model, 'runs/finetune.gin'], [
-        f"MODEL_DIR = '{ft_dir}'", f"INITIAL_CHECKPOINT_PATH = '{pretrained}'",
-        f'FINETUNE_STEPS = {FT_STEPS}', 'BATCH_SIZE = 8'])
-    checkpoint = os.path.join(ft_dir, f'checkpoint_{STEPS + FT_STEPS}')
+  def test_finetune_eval_infer_speed_equals_greedy(self):
+    self.runs['finetune'].result()
+    root, checkpoint = self.root, self.ft_checkpoint
     self.assertTrue(os.path.isdir(checkpoint))
-    # constant 1e-3 * linear warmup over 1,000 steps counted from step
-    # STEPS: the rate logged at the end is the last update's, made from step
-    # STEPS + FT_STEPS - 1 (without the offset it would be 1e-3).
-    lr = _scalars(os.path.join(ft_dir, 'train'))['learning_rate/current']
-    self.assertAlmostEqual(lr[STEPS + FT_STEPS], 1e-3 * (FT_STEPS - 1) / 1000,
-                           delta=1e-10)
+    # Finetuning counts its warmup from the restored step: constant 1e-3 *
+    # linear warmup over 1,000 steps counted from step STEPS + 1. The rate
+    # logged at the end is the last update's, made from step
+    # STEPS + FT_STEPS (without the offset it would be 1e-3 * 34 / 1000).
+    lr = th.tensorboard_scalars(os.path.join(root, 'finetune', 'train'))[
+        'learning_rate/current']
+    self.assertAlmostEqual(lr[STEPS + 1 + FT_STEPS],
+                           1e-3 * (FT_STEPS - 1) / 1000, delta=1e-10)
 
-    # Evaluation and the four decodings, each from the finetuned checkpoint.
+    # Evaluation and the five decodings, each from the finetuned checkpoint.
     eval_dir = os.path.join(root, 'eval')
     decodings = {  # name: (extra gin files, extra bindings)
         'speed': ([], []),
@@ -169,19 +271,18 @@ class StockBinariesTest(absltest.TestCase):
     def infer(name):
       out = os.path.join(root, f'infer_{name}')
       files, bindings = decodings[name]
-      _run('infer', root, [model, 'runs/infer.gin'] + files, [
-          f"CHECKPOINT_PATH = '{checkpoint}'", f"INFER_OUTPUT_DIR = '{out}'",
-          'utils.DatasetConfig.batch_size = 4'] + bindings)
-      files = [f for f in glob.glob(os.path.join(out, 'e2e_reverse-*.jsonl*'))
-               if not f.endswith('.COMPLETED')]
-      self.assertLen(files, 1)
-      with open(files[0]) as f:
-        return [json.loads(line) for line in f]
+      _run('infer', root, [MODEL, 't5x_speed/gin/runs/infer.gin'] + [
+          f't5x_speed/gin/{f}' for f in files], _our_bindings(root) + [
+              f"CHECKPOINT_PATH = '{checkpoint}'",
+              f"INFER_OUTPUT_DIR = '{out}'",
+              'utils.DatasetConfig.batch_size = 4'] + bindings)
+      return _predictions(out)
 
     results = th.run_concurrently(
-        lambda: _run('eval', root, [model, 'runs/eval.gin'], [
-            f"CHECKPOINT_PATH = '{checkpoint}'",
-            f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
+        lambda: _run('eval', root, [MODEL, 't5x_speed/gin/runs/eval.gin'],
+                     _our_bindings(root) + [
+                         f"CHECKPOINT_PATH = '{checkpoint}'",
+                         f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
         *[functools.partial(infer, name) for name in decodings])
     predictions = dict(zip(decodings, results[1:]))
     # t5x.eval: the task metric with SPEED's statistics over the split
@@ -190,7 +291,8 @@ class StockBinariesTest(absltest.TestCase):
     eval_scalars = {}
     for events in glob.glob(os.path.join(eval_dir, '**', 'events.out.*'),
                             recursive=True):
-      for tag, values in _scalars(os.path.dirname(events)).items():
+      for tag, values in th.tensorboard_scalars(
+          os.path.dirname(events)).items():
         eval_scalars[os.path.relpath(os.path.dirname(events), eval_dir) + ':'
                      + tag] = values
     tags = {t.split(':', 1)[1] for t in eval_scalars}
@@ -219,9 +321,8 @@ class StockBinariesTest(absltest.TestCase):
                            total('num_steps') / total('num_tokens'))
     self.assertEqual(summary['speed/tokens'], total('num_tokens'))
     self.assertIn('speed/flip_rate/stage_2', summary)
-    self.assertIn('speed/steps_per_token',
-                  _scalars(os.path.join(root, 'infer_speed',
-                                        'speed_statistics')))
+    self.assertIn('speed/steps_per_token', th.tensorboard_scalars(
+        os.path.join(root, 'infer_speed', 'speed_statistics')))
     self.assertFalse(os.path.exists(
         os.path.join(root, 'infer_greedy', 'speed_statistics.jsonl')))
 
