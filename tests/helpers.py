@@ -15,6 +15,7 @@ import numpy as np
 
 from t5x_speed import network
 from tools.fuzz_cases import RESIDUAL_OUTPUTS
+from tools.replay import draw_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -33,36 +34,6 @@ def random_params(module, seed: int):
   shapes = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
   return draw_params(shapes, seed, module.config.head_dim)
-
-
-def draw_params(shapes, seed: int, head_dim: int):
-  """Random weights of the `shapes` tree (ours or T5X's decoder-only
-  parameter names), drawn from seed on the host with the scales of the
-  initialisers (layers.py): scales 1, embeddings N(0, 1), kernels
-  N(0, 1/fan_in) (the query's also over head_dim), the relative position
-  table uniform with variance 1/fan_avg.
-
-  Only the shapes are traced: a compiled init (every leaf's random draw)
-  would be one more program to compile per configuration.
-  """
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if name.endswith("['scale']"):
-      x = np.ones(leaf.shape)
-    elif name.endswith("['embedding']"):
-      x = rng.standard_normal(leaf.shape)
-    elif name.endswith("['rel_embedding']"):
-      limit = np.sqrt(6.0 / sum(leaf.shape))
-      x = rng.uniform(-limit, limit, leaf.shape)
-    else:
-      x = rng.standard_normal(leaf.shape) / np.sqrt(leaf.shape[0])
-      if "['query']" in name:
-        x /= np.sqrt(head_dim)
-    return jnp.asarray(x, leaf.dtype)
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 @functools.lru_cache(maxsize=None)

@@ -70,7 +70,7 @@ def prefix_lm_batch(seed=0, batch=4, length=16, max_inputs=6, max_targets=7):
 
 def init_params(model, batch, seed=0):
   """Random parameters of `model` for `batch`'s shapes
-  (`helpers.draw_params`)."""
+  (`tools.replay.draw_params`)."""
   shapes = {k: v.shape for k, v in batch.items()}
   types = {k: v.dtype for k, v in batch.items()}
   params = jax.eval_shape(lambda: model.get_initial_variables(
