@@ -21,8 +21,8 @@ T5X_REQUIREMENTS := fiddle chex jaxtyping cached_property tensorstore grain \
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# uv installs into the venv what pip would, several times faster (parallel
-# downloads and bytecode compilation); it comes from PyPI like the rest.
+# uv installs into the venv what pip would, faster (parallel downloads and
+# bytecode compilation); it comes from PyPI like the rest.
 $(BIN)/uv: | $(BIN)/python
 	$(BIN)/python -m pip install -q -c constraints.txt uv
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from t5x_speed import network
 from tools.fuzz_cases import RESIDUAL_OUTPUTS
-from tools.replay import draw_params
+from tools.replay import random_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,15 +25,6 @@ def tiny_config(**overrides) -> network.TransformerConfig:
                 num_unique_layers=2, num_repeats=3, dtype='float32')
   kwargs.update(overrides)
   return network.TransformerConfig(**kwargs)
-
-
-def random_params(module, seed: int):
-  """Random parameters of `module`, a `network.SpeedTransformer` or T5X's
-  decoder-only `DecoderWrapper` (`draw_params` of its shapes)."""
-  tokens = jnp.ones((1, 4), jnp.int32)
-  shapes = jax.eval_shape(lambda: module.init(
-      jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
-  return draw_params(shapes, seed, module.config.head_dim)
 
 
 @functools.lru_cache(maxsize=None)

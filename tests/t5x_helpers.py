@@ -21,6 +21,7 @@ from t5x.examples.decoder_only import network as t5x_network
 from t5x_speed import decoding
 from t5x_speed import models
 from t5x_speed import network
+from tools import replay
 import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def init_params(model, batch, seed=0):
   types = {k: v.dtype for k, v in batch.items()}
   params = jax.eval_shape(lambda: model.get_initial_variables(
       jax.random.PRNGKey(0), shapes, types))['params']
-  return helpers.draw_params(params, seed, model.module.config.head_dim)
+  return replay.draw_params(params, seed, model.module.config.head_dim)
 
 
 def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(),

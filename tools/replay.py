@@ -54,16 +54,22 @@ def demo_schedule_source(repeats: int, demo_out: str,
 
 def init_model(config: network.TransformerConfig, seed: int = 0
                ) -> Tuple[network.SpeedTransformer, Any]:
-  """The module and random parameters (`draw_params`), stored in the
+  """The module and random parameters (`random_params`), stored in the
   activation dtype (bf16 weights are cast once here, as for serving, not in
   every step)."""
   module = network.SpeedTransformer(config)
+  params = jax.tree.map(lambda x: x.astype(config.dtype),
+                        random_params(module, seed))
+  return module, params
+
+
+def random_params(module, seed: int):
+  """Random parameters of `module`, a `network.SpeedTransformer` or T5X's
+  decoder-only `DecoderWrapper` (`draw_params` of its shapes)."""
   tokens = jnp.ones((1, 4), jnp.int32)
   shapes = jax.eval_shape(lambda: module.init(
       jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
-  params = draw_params(shapes, seed, config.head_dim)
-  params = jax.tree.map(lambda x: x.astype(config.dtype), params)
-  return module, params
+  return draw_params(shapes, seed, module.config.head_dim)
 
 
 def draw_params(shapes, seed: int, head_dim: int):
