@@ -2,11 +2,13 @@
 
 from concurrent import futures
 import glob
+import json
 import os
 import pathlib
 import random
+import socket
 import subprocess
-import sys
+import tempfile
 import textwrap
 
 import jax
@@ -79,26 +81,113 @@ def init_params(model, batch, seed=0):
   return replay.draw_params(params, seed, model.module.config.head_dim)
 
 
-def run_t5x(binary: str, root: str, gin_files, bindings, search_paths=(),
-            python: str = sys.executable, cwd=REPO):
-  """Runs `python -m t5x.<binary>` on CPU.
+# The binaries' server (`BinaryServer`): it imports T5X's libraries once,
+# then forks a supervisor per run, which forks the run itself and reports its
+# exit status. The run executes the binary as `python -m` does: the module as
+# `__main__` through runpy, errors printed and turned into the exit status by
+# the interpreter, atexit handlers and thread joins at its normal exit.
+_SERVER = textwrap.dedent('''\
+    import json, os, runpy, signal, socket, sys
+    import seqio, tensorflow
+    from t5x import checkpoints, gin_utils, models, partitioning, trainer, utils
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(sys.argv[1])
+    server.listen()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    print('ready', flush=True)
+    while True:
+      conn, _ = server.accept()
+      if os.fork():
+        conn.close()
+        continue
+      server.close()
+      signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+      request = json.loads(conn.makefile().readline())
+      pid = os.fork()
+      if pid:
+        status = os.waitpid(pid, 0)[1]
+        conn.sendall(b'%d\\n' % os.waitstatus_to_exitcode(status))
+        os._exit(0)
+      conn.close()
+      for fd, path in ((1, request['stdout']), (2, request['stderr'])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+      sys.argv = [request['module']] + request['args']
+      runpy.run_module(request['module'], run_name='__main__', alter_sys=True)
+      sys.exit(0)
+    ''')
 
-  `root` goes on PYTHONPATH (the tests' task modules live there);
+
+class BinaryServer:
+  """Runs T5X's binaries (`python -m t5x.train` etc.) in forks of one server.
+
+  Each binary spends seconds of CPU importing TensorFlow, JAX, seqio and T5X
+  before it reads a flag. The server, started once under `python` in `cwd`
+  with environment `env`, imports T5X's libraries (not the binaries) and
+  forks one process per run, in which the binary runs as `python -m` runs
+  it. Neither JAX's backend nor TensorFlow's runtime is started before the
+  fork (importing them starts neither), so each run starts its own, as a
+  fresh process does.
+  """
+
+  def __init__(self, python: str, cwd: str, env: dict):
+    self._dir = tempfile.mkdtemp(prefix='t5x_binaries_')
+    self._socket = os.path.join(self._dir, 'socket')
+    self._log = open(os.path.join(self._dir, 'server.log'), 'w')
+    self._proc = subprocess.Popen(
+        [python, '-c', _SERVER, self._socket], cwd=cwd, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
+        text=True)
+    if self._proc.stdout.readline().strip() != 'ready':
+      self.close()
+      with open(self._log.name) as f:
+        raise AssertionError(f'the binaries\' server failed:\n{f.read()[-6000:]}')
+    self._runs = 0
+
+  def run(self, module: str, args) -> subprocess.CompletedProcess:
+    """Runs `python -m module *args`; returns its exit status and output."""
+    self._runs += 1
+    out = {name: os.path.join(self._dir, f'{self._runs}.{name}')
+           for name in ('stdout', 'stderr')}
+    with socket.socket(socket.AF_UNIX) as conn:
+      conn.connect(self._socket)
+      conn.sendall(json.dumps(dict(module=module, args=list(args), **out)
+                              ).encode() + b'\n')
+      code = conn.makefile().readline().strip()
+    texts = {}
+    for name, path in out.items():
+      with open(path) as f:
+        texts[name] = f.read()
+    return subprocess.CompletedProcess(['python', '-m', module, *args],
+                                       int(code) if code else -1, **texts)
+
+  def close(self):
+    self._proc.kill()
+    self._proc.wait()
+    self._log.close()
+
+
+def binary_env(root: str) -> dict:
+  """The environment of the tests' T5X binaries: on CPU, with `root` (the
+  tests' task modules) on PYTHONPATH."""
+  return dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [root, os.environ.get('PYTHONPATH', '')]), CUDA_VISIBLE_DEVICES='',
+              JAX_PLATFORMS='cpu', XLA_FLAGS='')
+
+
+def run_t5x(server: BinaryServer, binary: str, gin_files, bindings,
+            search_paths=()):
+  """Runs T5X's binary `t5x.<binary>` through `server`.
+
   `search_paths` are added to T5X's own gin search path (none: gin files
   resolve as in an installed package). A failure raises AssertionError with
   the end of stderr. Returns the CompletedProcess.
   """
-  cmd = [python, '-m', f't5x.{binary}']
-  cmd += [f'--gin_file={f}' for f in gin_files]
-  cmd += [f'--gin.{b}' for b in bindings]
+  args = [f'--gin_file={f}' for f in gin_files]
+  args += [f'--gin.{b}' for b in bindings]
   if search_paths:
-    cmd.append('--gin_search_paths=' + ','.join(map(str, search_paths)))
-  cmd.append('--alsologtostderr')
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [root, os.environ.get('PYTHONPATH', '')]), CUDA_VISIBLE_DEVICES='',
-             JAX_PLATFORMS='cpu', XLA_FLAGS='')
-  proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=900)
+    args.append('--gin_search_paths=' + ','.join(map(str, search_paths)))
+  args.append('--alsologtostderr')
+  proc = server.run(f't5x.{binary}', args)
   if proc.returncode:
     raise AssertionError(f'{binary} failed:\n{proc.stderr[-6000:]}')
   return proc

@@ -3,7 +3,9 @@
 The binaries run t5x_speed as a user installs it: built into a wheel and
 installed into a fresh venv beside T5X (`helpers.installed_package`), run
 from a directory outside the checkout, with the gin files named as installed
-(`t5x_speed/gin/...`, found on T5X's default search path). One trained
+(`t5x_speed/gin/...`, found on T5X's default search path). Each binary runs
+as `python -m t5x.<binary>` does, in a fork of one server process that has
+imported T5X's libraries (`t5x_helpers.BinaryServer`). One trained
 checkpoint serves every test: T5X's own tiny decoder-only model
 (t5x/examples/decoder_only/models/base.gin), trained with the stock
 `t5x.train` on a seqio task built here (local text, a SentencePiece model
@@ -85,9 +87,8 @@ def _our_bindings(root, unique_layers=2, repeats=3):
               f"SENTENCEPIECE_MODEL = '{root}/spm.model'"] + _task(root)
 
 
-def _run(binary: str, root: str, gin_files, bindings, search_paths=()):
-  return th.run_t5x(binary, root, gin_files, bindings, search_paths,
-                    python=helpers.installed_package().python, cwd=root)
+def _run(binary: str, server, gin_files, bindings, search_paths=()):
+  return th.run_t5x(server, binary, gin_files, bindings, search_paths)
 
 
 def _our_model(unique_layers, repeats):
@@ -135,8 +136,13 @@ class StockBinariesTest(absltest.TestCase):
     super().setUpClass()
     cls.root = root = tempfile.mkdtemp()
     th.write_reverse_task(root)
+    # Every binary runs in a fork of one server under the installed
+    # package's interpreter, from a directory outside the checkout.
+    cls.server = th.BinaryServer(helpers.installed_package().python, root,
+                                 th.binary_env(root))
+    cls.addClassCleanup(cls.server.close)
     model_dir = os.path.join(root, 't5x_model')
-    _run('train', root, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
+    _run('train', cls.server, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
          _t5x_bindings(root) + [
              f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
              "utils.create_learning_rate_scheduler.factors = 'constant'",
@@ -164,7 +170,7 @@ class StockBinariesTest(absltest.TestCase):
 
   @classmethod
   def _infer_t5x(cls):
-    _run('infer', cls.root, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/infer.gin'],
+    _run('infer', cls.server, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/infer.gin'],
          _t5x_bindings(cls.root) + [
              f"CHECKPOINT_PATH = '{cls.checkpoint}'",
              f"INFER_OUTPUT_DIR = '{cls.root}/infer_t5x'",
@@ -174,7 +180,7 @@ class StockBinariesTest(absltest.TestCase):
 
   @classmethod
   def _infer_ours(cls):
-    _run('infer', cls.root, ['t5x_speed/gin/models/t5x_base_12l.gin',
+    _run('infer', cls.server, ['t5x_speed/gin/models/t5x_base_12l.gin',
                              't5x_speed/gin/runs/infer.gin'],
          _our_bindings(cls.root, unique_layers=LAYERS, repeats=1) + [
              f"CHECKPOINT_PATH = '{cls.checkpoint}'",
@@ -184,7 +190,7 @@ class StockBinariesTest(absltest.TestCase):
   @classmethod
   def _warm_start(cls):
     # A zero learning rate keeps the restored parameters as they are.
-    _run('train', cls.root, [MODEL, 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
+    _run('train', cls.server, [MODEL, 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
          _our_bindings(cls.root) + [
              f"MODEL_DIR = '{cls.root}/warm_start'",
              f"INITIAL_CHECKPOINT_PATH = '{cls.checkpoint}'",
@@ -194,7 +200,7 @@ class StockBinariesTest(absltest.TestCase):
   @classmethod
   def _finetune(cls):
     cls.runs['warm_start'].result()
-    _run('train', cls.root, [MODEL, 't5x_speed/gin/runs/finetune.gin'],
+    _run('train', cls.server, [MODEL, 't5x_speed/gin/runs/finetune.gin'],
          _our_bindings(cls.root) + [
              f"MODEL_DIR = '{cls.root}/finetune'",
              f"INITIAL_CHECKPOINT_PATH = '{cls.warm_checkpoint}'",
@@ -271,7 +277,7 @@ class StockBinariesTest(absltest.TestCase):
     def infer(name):
       out = os.path.join(root, f'infer_{name}')
       files, bindings = decodings[name]
-      _run('infer', root, [MODEL, 't5x_speed/gin/runs/infer.gin'] + [
+      _run('infer', self.server, [MODEL, 't5x_speed/gin/runs/infer.gin'] + [
           f't5x_speed/gin/{f}' for f in files], _our_bindings(root) + [
               f"CHECKPOINT_PATH = '{checkpoint}'",
               f"INFER_OUTPUT_DIR = '{out}'",
@@ -279,7 +285,7 @@ class StockBinariesTest(absltest.TestCase):
       return _predictions(out)
 
     results = th.run_concurrently(
-        lambda: _run('eval', root, [MODEL, 't5x_speed/gin/runs/eval.gin'],
+        lambda: _run('eval', self.server, [MODEL, 't5x_speed/gin/runs/eval.gin'],
                      _our_bindings(root) + [
                          f"CHECKPOINT_PATH = '{checkpoint}'",
                          f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
