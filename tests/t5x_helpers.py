@@ -2,10 +2,12 @@
 
 from concurrent import futures
 import glob
+import itertools
 import json
 import os
 import pathlib
 import random
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -138,15 +140,17 @@ class BinaryServer:
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._log,
         text=True)
     if self._proc.stdout.readline().strip() != 'ready':
-      self.close()
+      self._log.flush()
       with open(self._log.name) as f:
-        raise AssertionError(f'the binaries\' server failed:\n{f.read()[-6000:]}')
-    self._runs = 0
+        log = f.read()
+      self.close()
+      raise AssertionError(f'the binaries\' server failed:\n{log[-6000:]}')
+    self._runs = itertools.count(1)
 
   def run(self, module: str, args) -> subprocess.CompletedProcess:
     """Runs `python -m module *args`; returns its exit status and output."""
-    self._runs += 1
-    out = {name: os.path.join(self._dir, f'{self._runs}.{name}')
+    run = next(self._runs)  # atomic: runs start from two threads
+    out = {name: os.path.join(self._dir, f'{run}.{name}')
            for name in ('stdout', 'stderr')}
     with socket.socket(socket.AF_UNIX) as conn:
       conn.connect(self._socket)
@@ -164,6 +168,7 @@ class BinaryServer:
     self._proc.kill()
     self._proc.wait()
     self._log.close()
+    shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def binary_env(root: str) -> dict:
