@@ -95,7 +95,15 @@ _SERVER = textwrap.dedent('''\
     server = socket.socket(socket.AF_UNIX)
     server.bind(sys.argv[1])
     server.listen()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+    def reap(*_):  # waited for, so that their CPU time counts as this one's
+      try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+          pass
+      except ChildProcessError:
+        pass
+
+    signal.signal(signal.SIGCHLD, reap)
     print('ready', flush=True)
     while True:
       conn, _ = server.accept()
