@@ -85,7 +85,7 @@ def init_params(model, batch, seed=0):
 
 # The binaries' server (`BinaryServer`): it imports T5X's libraries once,
 # then forks a supervisor per run, which forks the run itself and reports its
-# exit status. The run executes the binary as `python -m` does: the module as
+# exit status (killing it after its timeout). The run executes the binary as `python -m` does: the module as
 # `__main__` through runpy, errors printed and turned into the exit status by
 # the interpreter, atexit handlers and thread joins at its normal exit.
 _SERVER = textwrap.dedent('''\
@@ -115,12 +115,16 @@ _SERVER = textwrap.dedent('''\
       request = json.loads(conn.makefile().readline())
       pid = os.fork()
       if pid:
+        signal.signal(signal.SIGALRM, lambda *_: os.kill(pid, signal.SIGKILL))
+        signal.alarm(request['timeout'])
         status = os.waitpid(pid, 0)[1]
         conn.sendall(b'%d\\n' % os.waitstatus_to_exitcode(status))
         os._exit(0)
       conn.close()
       for fd, path in ((1, request['stdout']), (2, request['stderr'])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(opened, fd)
+        os.close(opened)
       sys.argv = [request['module']] + request['args']
       runpy.run_module(request['module'], run_name='__main__', alter_sys=True)
       sys.exit(0)
@@ -155,15 +159,19 @@ class BinaryServer:
       raise AssertionError(f'the binaries\' server failed:\n{log[-6000:]}')
     self._runs = itertools.count(1)
 
-  def run(self, module: str, args) -> subprocess.CompletedProcess:
-    """Runs `python -m module *args`; returns its exit status and output."""
+  def run(self, module: str, args, timeout: int = 900
+          ) -> subprocess.CompletedProcess:
+    """Runs `python -m module *args`; returns its exit status and output.
+
+    A run still going after `timeout` seconds is killed (exit status -9).
+    """
     run = next(self._runs)  # atomic: runs start from two threads
     out = {name: os.path.join(self._dir, f'{run}.{name}')
            for name in ('stdout', 'stderr')}
     with socket.socket(socket.AF_UNIX) as conn:
       conn.connect(self._socket)
-      conn.sendall(json.dumps(dict(module=module, args=list(args), **out)
-                              ).encode() + b'\n')
+      conn.sendall(json.dumps(dict(module=module, args=list(args),
+                                   timeout=timeout, **out)).encode() + b'\n')
       code = conn.makefile().readline().strip()
     texts = {}
     for name, path in out.items():

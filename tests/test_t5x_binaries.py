@@ -87,10 +87,6 @@ def _our_bindings(root, unique_layers=2, repeats=3):
               f"SENTENCEPIECE_MODEL = '{root}/spm.model'"] + _task(root)
 
 
-def _run(binary: str, server, gin_files, bindings, search_paths=()):
-  return th.run_t5x(server, binary, gin_files, bindings, search_paths)
-
-
 def _our_model(unique_layers, repeats):
   return models.SpeedDecoderOnlyModel(
       network.SpeedTransformer(network.TransformerConfig(
@@ -142,12 +138,14 @@ class StockBinariesTest(absltest.TestCase):
                                  th.binary_env(root))
     cls.addClassCleanup(cls.server.close)
     model_dir = os.path.join(root, 't5x_model')
-    _run('train', cls.server, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
-         _t5x_bindings(root) + [
-             f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
-             "utils.create_learning_rate_scheduler.factors = 'constant'",
-             'utils.create_learning_rate_scheduler.base_learning_rate = 0.01'],
-         search_paths=(T5X_GIN,))
+    th.run_t5x(
+        cls.server, 'train',
+        [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
+        _t5x_bindings(root) + [
+            f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
+            "utils.create_learning_rate_scheduler.factors = 'constant'",
+            'utils.create_learning_rate_scheduler.base_learning_rate = 0.01'],
+        search_paths=(T5X_GIN,))
     cls.checkpoint = os.path.join(model_dir, f'checkpoint_{STEPS}')
     assert os.path.isdir(cls.checkpoint), os.listdir(model_dir)
     cls.warm_checkpoint = os.path.join(root, 'warm_start',
@@ -170,41 +168,47 @@ class StockBinariesTest(absltest.TestCase):
 
   @classmethod
   def _infer_t5x(cls):
-    _run('infer', cls.server, [T5X_MODEL, T5X_GIN / 't5x/configs/runs/infer.gin'],
-         _t5x_bindings(cls.root) + [
-             f"CHECKPOINT_PATH = '{cls.checkpoint}'",
-             f"INFER_OUTPUT_DIR = '{cls.root}/infer_t5x'",
-             'decoding.temperature_sample.temperature = 0.0',
-             'decoding.temperature_sample.topk = 1',
-             'utils.DatasetConfig.batch_size = 4'], search_paths=(T5X_GIN,))
+    th.run_t5x(
+        cls.server, 'infer',
+        [T5X_MODEL, T5X_GIN / 't5x/configs/runs/infer.gin'],
+        _t5x_bindings(cls.root) + [
+            f"CHECKPOINT_PATH = '{cls.checkpoint}'",
+            f"INFER_OUTPUT_DIR = '{cls.root}/infer_t5x'",
+            'decoding.temperature_sample.temperature = 0.0',
+            'decoding.temperature_sample.topk = 1',
+            'utils.DatasetConfig.batch_size = 4'], search_paths=(T5X_GIN,))
 
   @classmethod
   def _infer_ours(cls):
-    _run('infer', cls.server, ['t5x_speed/gin/models/t5x_base_12l.gin',
-                             't5x_speed/gin/runs/infer.gin'],
-         _our_bindings(cls.root, unique_layers=LAYERS, repeats=1) + [
-             f"CHECKPOINT_PATH = '{cls.checkpoint}'",
-             f"INFER_OUTPUT_DIR = '{cls.root}/infer_ours'",
-             'utils.DatasetConfig.batch_size = 4'])
+    th.run_t5x(
+        cls.server, 'infer', ['t5x_speed/gin/models/t5x_base_12l.gin',
+                              't5x_speed/gin/runs/infer.gin'],
+        _our_bindings(cls.root, unique_layers=LAYERS, repeats=1) + [
+            f"CHECKPOINT_PATH = '{cls.checkpoint}'",
+            f"INFER_OUTPUT_DIR = '{cls.root}/infer_ours'",
+            'utils.DatasetConfig.batch_size = 4'])
 
   @classmethod
   def _warm_start(cls):
     # A zero learning rate keeps the restored parameters as they are.
-    _run('train', cls.server, [MODEL, 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
-         _our_bindings(cls.root) + [
-             f"MODEL_DIR = '{cls.root}/warm_start'",
-             f"INITIAL_CHECKPOINT_PATH = '{cls.checkpoint}'",
-             'FINETUNE_STEPS = 1', 'INPUTS_BIDIRECTIONAL_ATTENTION = False',
-             'utils.create_learning_rate_scheduler.base_learning_rate = 0.0'])
+    th.run_t5x(
+        cls.server, 'train',
+        [MODEL, 't5x_speed/gin/runs/warm_start_from_t5x.gin'],
+        _our_bindings(cls.root) + [
+            f"MODEL_DIR = '{cls.root}/warm_start'",
+            f"INITIAL_CHECKPOINT_PATH = '{cls.checkpoint}'",
+            'FINETUNE_STEPS = 1', 'INPUTS_BIDIRECTIONAL_ATTENTION = False',
+            'utils.create_learning_rate_scheduler.base_learning_rate = 0.0'])
 
   @classmethod
   def _finetune(cls):
     cls.runs['warm_start'].result()
-    _run('train', cls.server, [MODEL, 't5x_speed/gin/runs/finetune.gin'],
-         _our_bindings(cls.root) + [
-             f"MODEL_DIR = '{cls.root}/finetune'",
-             f"INITIAL_CHECKPOINT_PATH = '{cls.warm_checkpoint}'",
-             f'FINETUNE_STEPS = {FT_STEPS}'])
+    th.run_t5x(
+        cls.server, 'train', [MODEL, 't5x_speed/gin/runs/finetune.gin'],
+        _our_bindings(cls.root) + [
+            f"MODEL_DIR = '{cls.root}/finetune'",
+            f"INITIAL_CHECKPOINT_PATH = '{cls.warm_checkpoint}'",
+            f'FINETUNE_STEPS = {FT_STEPS}'])
 
   def test_restores_into_base_12l_and_decodes_as_t5x(self):
     # Scores: the restored parameters in both models (while the binaries
@@ -277,18 +281,20 @@ class StockBinariesTest(absltest.TestCase):
     def infer(name):
       out = os.path.join(root, f'infer_{name}')
       files, bindings = decodings[name]
-      _run('infer', self.server, [MODEL, 't5x_speed/gin/runs/infer.gin'] + [
-          f't5x_speed/gin/{f}' for f in files], _our_bindings(root) + [
+      th.run_t5x(self.server, 'infer', [
+          MODEL, 't5x_speed/gin/runs/infer.gin'] + [
+              f't5x_speed/gin/{f}' for f in files], _our_bindings(root) + [
               f"CHECKPOINT_PATH = '{checkpoint}'",
               f"INFER_OUTPUT_DIR = '{out}'",
               'utils.DatasetConfig.batch_size = 4'] + bindings)
       return _predictions(out)
 
     results = th.run_concurrently(
-        lambda: _run('eval', self.server, [MODEL, 't5x_speed/gin/runs/eval.gin'],
-                     _our_bindings(root) + [
-                         f"CHECKPOINT_PATH = '{checkpoint}'",
-                         f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
+        lambda: th.run_t5x(
+            self.server, 'eval', [MODEL, 't5x_speed/gin/runs/eval.gin'],
+            _our_bindings(root) + [
+                f"CHECKPOINT_PATH = '{checkpoint}'",
+                f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
         *[functools.partial(infer, name) for name in decodings])
     predictions = dict(zip(decodings, results[1:]))
     # t5x.eval: the task metric with SPEED's statistics over the split
