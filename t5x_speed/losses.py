@@ -2,7 +2,9 @@
 
 Each exit's loss L_i is T5X's `compute_weighted_cross_entropy` (label
 smoothing, z-loss with its stabilised gradient, loss weights, normalising
-factor); the training loss is L_w = sum_i w_i L_i.
+factor); the training loss is L_w = sum_i w_i L_i. Optionally,
+`exit_agreement` adds a term that trains the early exits toward the final
+exit's prediction, which SPEED's flushes depend on (beyond the paper).
 
 Example:
   >>> exit_weights('linear', 3).tolist()  # w_i = i / sum(i)
@@ -18,6 +20,7 @@ import numpy as np
 Array = jax.Array
 ExitWeighting = Union[str, Sequence[float]]
 WEIGHTING_SCHEMES = ('linear', 'uniform', 'final_only')
+AGREEMENT_TARGETS = ('distribution', 'argmax')
 
 
 def exit_weights(weighting: ExitWeighting, num_exits: int) -> np.ndarray:
@@ -178,6 +181,67 @@ def multi_exit_cross_entropy(
   total = sum(float(wi) * l for wi, l in zip(w, per_exit) if wi > 0)
   z_total = sum(float(wi) * z for wi, z in zip(w, z_terms) if wi > 0)
   return total, z_total, per_exit, weight_sum
+
+
+def check_exit_agreement(weight: float, target: str) -> float:
+  """Validates the agreement term's settings; returns the weight as float."""
+  if target not in AGREEMENT_TARGETS:
+    raise ValueError(f'exit_agreement_target must be one of '
+                     f'{AGREEMENT_TARGETS}, got {target!r}.')
+  try:
+    weight = float(weight)
+  except (TypeError, ValueError):
+    raise ValueError('exit_agreement must be a number >= 0, got '
+                     f'{weight!r}.') from None
+  if not np.isfinite(weight) or weight < 0:
+    raise ValueError(f'exit_agreement must be finite and >= 0, got {weight}.')
+  return weight
+
+
+def exit_agreement(
+    exit_logits: Array,
+    weights: Optional[Array] = None,
+    target: str = 'distribution',
+    loss_normalizing_factor: Optional[float] = None,
+) -> Array:
+  """Each early exit's disagreement with the final exit, A_1..A_{R-1}.
+
+  The final exit is the teacher and receives no gradient from these terms:
+  only exits 1..R-1 (and the layers below them) move toward it. With
+  `target='distribution'`, A_i is KL(p_R || p_i) summed over positions, zero
+  where the two distributions are equal; with 'argmax', A_i is the
+  cross-entropy of exit i to the final exit's argmax token, the token SPEED
+  commits. Positions are weighted and normalised as `weighted_cross_entropy`
+  does, so A_i is on the scale of the exits' own losses.
+
+  Args:
+    exit_logits: [R, batch, length, vocab].
+    weights: optional [batch, length] loss weights.
+    target: 'distribution' or 'argmax'.
+    loss_normalizing_factor: as `weighted_cross_entropy`.
+
+  Returns:
+    float32 [R - 1]: A_i for exits 1..R-1 (empty when R = 1).
+  """
+  check_exit_agreement(0.0, target)
+  final = jax.lax.stop_gradient(exit_logits[-1]).astype(jnp.float32)
+  if target == 'argmax':
+    teacher = jax.nn.one_hot(jnp.argmax(final, -1), final.shape[-1])
+    entropy = 0.0
+  else:
+    log_teacher = jax.nn.log_softmax(final)
+    teacher = jnp.exp(log_teacher)
+    entropy = -jnp.sum(teacher * log_teacher, -1)
+  terms = []
+  for logits in exit_logits[:-1]:
+    per_position = cross_entropy_with_logits(
+        logits.astype(jnp.float32), teacher, 0.0)[0] - entropy
+    if weights is not None:
+      per_position = per_position * weights
+    if loss_normalizing_factor is not None:
+      per_position = per_position / loss_normalizing_factor
+    terms.append(jnp.sum(per_position))
+  return jnp.stack(terms) if terms else jnp.zeros((0,), jnp.float32)
 
 
 def exit_statistics(exit_logits: Array, targets: Array,

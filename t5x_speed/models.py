@@ -2,8 +2,9 @@
 
 A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
 
-* `loss_fn` trains every exit with the weighted multi-exit loss and logs
-  per-exit loss, accuracy and consecutive-exit flip rate as CLU metrics;
+* `loss_fn` trains every exit with the weighted multi-exit loss (plus, if
+  asked, a term training the early exits to agree with the final one) and
+  logs per-exit loss, accuracy and consecutive-exit flip rate as CLU metrics;
 * `predict_batch_with_aux` prefills one cache per virtual layer and calls the
   configured decode fn: SPEED (`decoding.speed_decode`, and SPEED sampling,
   `sampling.speed_sample_decode`) gets the pipelined step (and its
@@ -52,6 +53,11 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
   Args (beyond `t5x.models.DecoderOnlyModel`'s):
     exit_weighting: 'linear' (default), 'uniform', 'final_only' or explicit
       per-exit weights; see `losses.exit_weights`.
+    exit_agreement: weight lambda of the agreement term: the training loss
+      is L_w + lambda * mean_i A_i over the early exits i < R (see
+      `losses.exit_agreement`); 0 (the default) is the paper's loss.
+    exit_agreement_target: 'distribution' (A_i = KL from the final exit's
+      distribution) or 'argmax' (cross-entropy to the final exit's token).
     score_all_exits: `score_batch` returns [batch, R] scores of every exit
       instead of the final exit's [batch].
     speculative_vocab_size: SPEED's speculative exits score only this many
@@ -71,6 +77,8 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
                z_loss: float = 0.0,
                loss_normalizing_factor=None,
                exit_weighting: losses.ExitWeighting = 'linear',
+               exit_agreement: float = 0.0,
+               exit_agreement_target: str = 'distribution',
                score_all_exits: bool = False,
                speculative_vocab_size: Optional[int] = None):
     if not isinstance(getattr(module, 'config', None),
@@ -80,6 +88,9 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     # Fail at construction, not at the first training step.
     losses.exit_weights(exit_weighting, module.config.num_repeats)
     self._exit_weighting = exit_weighting
+    self._exit_agreement = losses.check_exit_agreement(exit_agreement,
+                                                       exit_agreement_target)
+    self._exit_agreement_target = exit_agreement_target
     self._score_all_exits = score_all_exits
     self._speculative_vocab_size = decode_args.check_speculative_vocab_size(
         speculative_vocab_size)
@@ -113,9 +124,10 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
 
   def loss_fn(self, params: PyTree, batch: Mapping[str, Array],
               dropout_rng: Optional[Array]):
-    """L_w = sum_i w_i L_i, with T5X's metrics of the final exit plus, per
-    exit i, `exit_i/loss`, `exit_i/accuracy` and `exit_i/flip_rate` (argmax
-    differs from exit i-1)."""
+    """L_w = sum_i w_i L_i (+ lambda * mean_i A_i), with T5X's metrics of the
+    final exit plus, per exit i, `exit_i/loss`, `exit_i/accuracy`,
+    `exit_i/flip_rate` (argmax differs from exit i-1) and, with the
+    agreement term on, `exit_i/agreement` (A_i)."""
     exit_logits = self._compute_logits(params, batch, dropout_rng)
     normalizing_factor, weights = (
         t5x_losses.get_loss_normalizing_factor_and_weights(
@@ -124,6 +136,12 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     loss, z_loss, per_exit, _ = losses.multi_exit_cross_entropy(
         exit_logits, targets, weights, self._exit_weighting,
         self._label_smoothing, self._z_loss, normalizing_factor)
+    agreement = None
+    if self._exit_agreement and exit_logits.shape[0] > 1:
+      agreement = losses.exit_agreement(
+          exit_logits, weights, self._exit_agreement_target,
+          normalizing_factor)
+      loss = loss + self._exit_agreement * jnp.mean(agreement)
     segment_ids = {k[:-len('_segment_ids')]: v for k, v in batch.items()
                    if k.endswith('_segment_ids')}
     if not segment_ids:
@@ -134,6 +152,10 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     for i, exit_loss in enumerate(per_exit):
       metrics[f'exit_{i + 1}/loss'] = metrics_lib.AveragePerStep(
           total=exit_loss)
+    if agreement is not None:
+      for i, term in enumerate(agreement):
+        metrics[f'exit_{i + 1}/agreement'] = metrics_lib.AveragePerStep(
+            total=term)
     for name, (total, count) in losses.exit_statistics(
         exit_logits, targets, weights).items():
       metrics[name] = clu_metrics.Average(total=total, count=count)

@@ -203,6 +203,23 @@ class GinConfigTest(parameterized.TestCase):
         _, dataset = self._train_dataset(model)
         next(iter(dataset))
 
+  def test_one_flag_switches_on_exit_agreement(self):
+    finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune')]
+    self.assertLen(finetune_files, 6)
+    for run_file in finetune_files:
+      for bindings, want in (([], (0.0, 'distribution')),
+                             (['EXIT_AGREEMENT = 0.3'], (0.3, 'distribution')),
+                             (['EXIT_AGREEMENT = 1.0',
+                               "EXIT_AGREEMENT_TARGET = 'argmax'"],
+                              (1.0, 'argmax'))):
+        self._parse(GIN / 'models' / 'speed_base_4x3.gin', run_file,
+                    bindings=bindings + [
+                        "MIXTURE_OR_TASK_NAME = 'speed_wmt_ende'"])
+        model = self._model()
+        self.assertEqual(
+            (model._exit_agreement, model._exit_agreement_target), want,
+            (run_file.name, bindings))
+
   def test_eval_and_infer_run_files(self):
     for name in ('eval.gin', 'infer.gin'):
       self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,

@@ -114,6 +114,63 @@ class CrossEntropyTest(parameterized.TestCase):
         exit_logits[2], targets)[0], rtol=1e-6)
 
 
+class ExitAgreementTest(parameterized.TestCase):
+
+  def test_hand_computed(self):
+    # Three exits, two positions (the second weighted 0), vocabulary 2.
+    # Exit 1: p = [1/2, 1/2]; exit 2: p = [3/4, 1/4]; final: [1/4, 3/4].
+    logits = jnp.array([[[[0.0, 0.0], [9.0, 0.0]]],
+                        [[[np.log(3), 0.0], [0.0, 9.0]]],
+                        [[[0.0, np.log(3)], [9.0, 0.0]]]], jnp.float32)
+    weights = jnp.array([[1.0, 0.0]])
+    kl = losses.exit_agreement(logits, weights, 'distribution')
+    np.testing.assert_allclose(kl, [
+        0.25 * np.log(0.5) + 0.75 * np.log(1.5),
+        0.25 * np.log(1 / 3) + 0.75 * np.log(3)], rtol=1e-6)
+    # 'argmax': -log p_i(token 1), the final exit's token.
+    ce = losses.exit_agreement(logits, weights, 'argmax')
+    np.testing.assert_allclose(ce, [np.log(2), np.log(4)], rtol=1e-6)
+    np.testing.assert_allclose(
+        losses.exit_agreement(logits, weights, 'argmax',
+                              loss_normalizing_factor=4.0), ce / 4, rtol=1e-6)
+
+  @parameterized.parameters('distribution', 'argmax')
+  def test_gradient_reaches_only_the_early_exits(self, target):
+    rng = np.random.default_rng(3)
+    exit_logits = jnp.asarray(rng.standard_normal((3, 2, 4, 6)), jnp.float32)
+    weights = jnp.asarray(rng.integers(0, 2, (2, 4)), jnp.float32)
+    grad = jax.grad(lambda x: jnp.sum(losses.exit_agreement(
+        x, weights, target)))(exit_logits)
+    np.testing.assert_array_equal(grad[-1], 0)
+    # Each early exit's logits move toward the final exit's prediction:
+    # d A_i / d logits_i = (softmax(logits_i) - teacher) * weight.
+    final = exit_logits[-1]
+    teacher = (jax.nn.softmax(final) if target == 'distribution' else
+               jax.nn.one_hot(jnp.argmax(final, -1), 6))
+    for i in range(2):
+      np.testing.assert_allclose(
+          grad[i], (jax.nn.softmax(exit_logits[i]) - teacher) *
+          weights[..., None], atol=1e-6)
+
+  def test_agreeing_exits_cost_nothing(self):
+    logits = jnp.asarray(np.random.default_rng(4).standard_normal(
+        (1, 3, 5, 9)), jnp.float32)
+    np.testing.assert_allclose(
+        losses.exit_agreement(jnp.concatenate([logits] * 3), None), [0, 0],
+        atol=1e-6)
+    self.assertEqual(losses.exit_agreement(logits, None).shape, (0,))
+
+  @parameterized.parameters(
+      ('exit_agreement_target', 0.1, 'kl'),
+      ('exit_agreement must be finite', -0.5, 'argmax'),
+      ('exit_agreement must be finite', float('nan'), 'argmax'),
+      ('exit_agreement must be a number', 'high', 'argmax'),
+  )
+  def test_bad_settings(self, message, weight, target):
+    with self.assertRaisesRegex(ValueError, message):
+      losses.check_exit_agreement(weight, target)
+
+
 class ExitStatisticsTest(absltest.TestCase):
 
   def test_hand_computed(self):

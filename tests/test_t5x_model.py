@@ -151,6 +151,25 @@ class SharedModelTest(parameterized.TestCase):
         batch['decoder_loss_weights'])['exit_3/accuracy']
     np.testing.assert_allclose(metrics['accuracy'].compute(),
                                final_acc[0] / final_acc[1], rtol=1e-6)
+    # The agreement term: lambda times the mean of the early exits' A_i,
+    # each logged; the paper's loss is unchanged underneath.
+    agreeing = th.speed_model(exit_weighting='linear', exit_agreement=0.5,
+                              exit_agreement_target='argmax')
+    agreeing_loss, agreeing_metrics = agreeing.loss_fn(params, batch, None)
+    agreement = losses.exit_agreement(
+        exit_logits, batch['decoder_loss_weights'], 'argmax')
+    self.assertGreater(float(agreement.min()), 0.0)
+    np.testing.assert_allclose(agreeing_loss,
+                               expected + 0.5 * agreement.mean(), rtol=1e-6)
+    for i in range(2):
+      np.testing.assert_allclose(
+          agreeing_metrics[f'exit_{i + 1}/agreement'].compute(),
+          agreement[i], rtol=1e-6)
+      np.testing.assert_allclose(
+          agreeing_metrics[f'exit_{i + 1}/loss'].compute(), per_exit[i],
+          rtol=1e-6)
+    self.assertNotIn('exit_3/agreement', agreeing_metrics)
+    self.assertNotIn('exit_1/agreement', metrics)
     grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
     self.assertEqual(sorted(grads['decoder']),
                      ['decoder_norm', 'layers_0', 'layers_1', 'relpos_bias',
@@ -181,6 +200,10 @@ class SharedModelTest(parameterized.TestCase):
   def test_bad_configuration(self):
     with self.assertRaisesRegex(ValueError, 'exit_weighting'):
       th.speed_model(exit_weighting=[1.0, 2.0])
+    with self.assertRaisesRegex(ValueError, 'exit_agreement_target'):
+      th.speed_model(exit_agreement=0.1, exit_agreement_target='kl')
+    with self.assertRaisesRegex(ValueError, 'exit_agreement must be finite'):
+      th.speed_model(exit_agreement=-1.0)
     with self.assertRaisesRegex(ValueError, 'SpeedTransformer'):
       th.speed_model().__class__(
           th.t5x_model().module, None, None)
