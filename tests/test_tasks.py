@@ -202,6 +202,37 @@ class DecoderFeatureConverterTest(TasksTestBase):
                                'validation').as_numpy_iterator())
     self.assertEqual(examples[0]['targets_pretokenized'], b'Hallo Welt.')
 
+  def test_translation_tsv_task_of_your_own(self):
+    task = speed_tasks.register_translation_tsv_task(
+        'test_tsv_ende', self.paragraph_dir, self.vocab_path,
+        languages=('en', 'de'))
+    self.addCleanup(seqio.TaskRegistry.remove, 'test_tsv_ende')
+    self.assertIs(seqio.get_mixture_or_task('test_tsv_ende'), task)
+    examples = list(dataset('test_tsv_ende', 'train').as_numpy_iterator())
+    self._check_converted(examples,
+                          list(convert(dataset('test_tsv_ende', 'train'))
+                               .as_numpy_iterator()))
+    self.assertEqual(
+        [(ex['inputs_pretokenized'], ex['targets_pretokenized'])
+         for ex in examples],
+        [(TRANSLATE_PROMPT + en.encode(), de.encode())
+         for en, de in PARAGRAPH_PAIRS['train']])
+    (metric_fn,) = task.predict_with_aux_metric_fns
+    sentence = 'Die Katze schläft auf der Matte.'
+    scores = metric_fn([sentence], [sentence], {})
+    self.assertAlmostEqual(scores['bleu'], 100.0, places=6)
+    self.assertAlmostEqual(scores['chrf'], 100.0, places=6)
+    self.assertIs(metric_fn.metric_fn, metrics.bleu_and_chrf)
+    speed_tasks.register_translation_tsv_task('test_tsv_ende',
+                                              self.paragraph_dir, self.vocab)
+    self.assertEqual(
+        next(dataset('test_tsv_ende', 'validation').as_numpy_iterator())[
+            'inputs_pretokenized'],
+        b'translate English to French: Hello world.')
+    with self.assertRaisesRegex(ValueError, "Unknown language code 'xx'"):
+      speed_tasks.register_translation_tsv_task(
+          'test_tsv_ende', self.paragraph_dir, self.vocab, ('en', 'xx'))
+
   @parameterized.parameters(*MIXTURES)
   def test_mixture(self, name):
     with mock_tfds():

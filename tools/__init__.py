@@ -12,6 +12,8 @@ Commands:
                         (`make sample-bench`).
   fuzz                  SPEED == greedy == an uncached forward pass on random
                         models (`make fuzz`).
+  gettext_data          a real English->French translation set built from
+                        the system's gettext catalogs (never committed).
   decode_profile        a Base-width decode loop's time, op by op.
   decode_overhead       the decode loops' own per-step cost.
   rowmatmul_microbench  the few-row kernel against XLA's dot.

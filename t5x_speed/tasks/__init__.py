@@ -12,6 +12,9 @@ file itself is read on first use, and an unreadable one raises
   'speed_finetune_all';
 * the demo task 'speed_demo_numbers' (generated data, byte vocabulary).
 
+`register_translation_tsv_task` registers a translation task over your own
+TSV files (e.g. the gettext English-French set of `tools.gettext_data`).
+
 Nothing is downloaded or read on import. `register_tasks` registers them
 again with another vocabulary or data locations.
 """
@@ -30,6 +33,7 @@ from t5x_speed.tasks.registry import PARACRAWL_ENDE
 from t5x_speed.tasks.registry import PARACRAWL_PARAGRAPH_ENDE
 from t5x_speed.tasks.registry import PARAGRAPH_DIR_ENV_VAR
 from t5x_speed.tasks.registry import register_tasks
+from t5x_speed.tasks.registry import register_translation_tsv_task
 from t5x_speed.tasks.registry import SEQUENCE_LENGTH
 from t5x_speed.tasks.registry import TASKS
 from t5x_speed.tasks.registry import VOCAB_ENV_VAR

@@ -52,6 +52,33 @@ def bleu(targets: Sequence[str], predictions: Sequence[str],
   return {'bleu': float(score.score)}
 
 
+def chrf(targets: Sequence[str], predictions: Sequence[str]
+         ) -> Dict[str, float]:
+  """Corpus chrF of sacrebleu (chrF2: character 6-grams, beta 2).
+
+  >>> chrf(['the cat sat'], ['the cat sat'])
+  {'chrf': 100.0}
+
+  Args:
+    targets: reference translations.
+    predictions: model translations, aligned with `targets`.
+
+  Returns:
+    {'chrf': score in [0, 100]}.
+  """
+  if len(targets) != len(predictions):
+    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
+                     'predictions.')
+  score = sacrebleu.corpus_chrf(list(predictions), [list(targets)])
+  return {'chrf': float(score.score)}
+
+
+def bleu_and_chrf(targets: Sequence[str], predictions: Sequence[str]
+                  ) -> Dict[str, float]:
+  """`bleu` and `chrf` in one metric fn (one decode serves both)."""
+  return {**bleu(targets, predictions), **chrf(targets, predictions)}
+
+
 def _prepare_summary(summary: str) -> str:
   # rougeLsum scores sentence by sentence, splitting on newlines; T5 puts
   # one after each " . " so that space-tokenised summaries split too.

@@ -5,7 +5,7 @@ from typing import Mapping
 import seqio
 import tensorflow as tf
 
-LANGUAGE_NAMES = {'en': 'English', 'de': 'German'}
+LANGUAGE_NAMES = {'en': 'English', 'de': 'German', 'fr': 'French'}
 SUMMARIZE_PROMPT = 'summarize: '
 
 

@@ -8,7 +8,7 @@ concatenates the two and attends bidirectionally over `inputs`.
 """
 
 import functools
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Tuple, Union
 
 import seqio
 
@@ -163,6 +163,62 @@ def _finetuning_tasks(features, paragraph_data_dir, tfds_data_dir):
                             summary_key='target'),
           metrics.rouge),
   }
+
+
+def register_translation_tsv_task(
+    name: str,
+    data_dir: str,
+    vocabulary: VocabularyOrPath,
+    languages: Tuple[str, str] = ('en', 'fr'),
+    overwrite: bool = True) -> seqio.Task:
+  """Registers a translation task over your own `<split>.tsv` files.
+
+  The files are those of `sources.ParagraphPairSource` (`train.tsv`,
+  `validation.tsv`, `test.tsv`, one `source<TAB>target` pair per line, or
+  TFRecord shards), read from `data_dir` when data is read. Examples get
+  T5's prompt (`translate English to French: ...`), and predictions are
+  scored with BLEU and chrF, plus SPEED's statistics where the model
+  returns them.
+
+  Example (the gettext set of `python -m tools.gettext_data`):
+
+    register_translation_tsv_task('gettext_enfr', '/tmp/gettext_enfr',
+                                  '/tmp/gettext_enfr/spm.model')
+    # python -m t5x.train ... --gin.MIXTURE_OR_TASK_NAME="'gettext_enfr'"
+    # (import the module that calls this with --gin.MIXTURE_OR_TASK_MODULE)
+
+  Args:
+    name: the task name.
+    data_dir: the directory of the split files.
+    vocabulary: a seqio vocabulary or a SentencePiece model path.
+    languages: (source, target) language codes, keys of
+      `preprocessors.LANGUAGE_NAMES`: the TSV columns in order.
+    overwrite: replace a task of the same name.
+
+  Returns:
+    The registered task.
+  """
+  for code in languages:
+    preprocessors.translation_prompt(code, code)  # validates the code
+  if isinstance(vocabulary, str):
+    vocabulary = vocabularies.SentencePieceVocabulary(vocabulary)
+  if overwrite:
+    seqio.TaskRegistry.remove(name)
+  return seqio.TaskRegistry.add(
+      name,
+      source=sources.ParagraphPairSource(
+          name, task_name=name, data_dir=data_dir, languages=languages,
+          splits=_SPLITS),
+      preprocessors=[
+          functools.partial(preprocessors.translate,
+                            source_language=languages[0],
+                            target_language=languages[1]),
+          seqio.preprocessors.tokenize,
+          seqio.CacheDatasetPlaceholder(),
+          seqio.preprocessors.append_eos_after_trim,
+      ],
+      output_features=output_features(vocabulary),
+      metric_fns=[metrics.with_speed_statistics(metrics.bleu_and_chrf)])
 
 
 def register_tasks(vocabulary: Optional[VocabularyOrPath] = None,
