@@ -16,7 +16,7 @@ T5X_STAMP := $(VENV)/.t5x-installed
 T5X_REQUIREMENTS := fiddle chex jaxtyping cached_property tensorstore grain \
 	pyglove editdistance
 
-.PHONY: install install-t5x kernel test demo bench sample-bench fuzz clean
+.PHONY: install install-t5x kernel test demo bench sample-bench fuzz paper-table clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,12 @@ bench: install kernel
 # SAMPLE_BENCH_ARGS="--prompts 8".
 sample-bench: install kernel
 	$(BIN)/python -m tools.sample_bench $(SAMPLE_BENCH_ARGS)
+
+# The paper's comparison on real data (docs/real_data.md): builds the gettext
+# English-French set into paper_table_out/data once, trains, decodes, replays;
+# e.g. PAPER_TABLE_ARGS="--data_dir /data/my_tsvs" or "--tiny".
+paper-table: install kernel
+	$(BIN)/python -m tools.paper_table $(PAPER_TABLE_ARGS)
 
 # The exactness fuzz (docs/exactness.md): e.g. FUZZ_ARGS="--cases 10000 --seed 1".
 fuzz: install kernel

@@ -14,6 +14,8 @@ Commands:
                         models (`make fuzz`).
   gettext_data          a real English->French translation set built from
                         the system's gettext catalogs (never committed).
+  paper_table           the paper's comparison in miniature on that set, and
+                        exits trained to agree (`make paper-table`).
   decode_profile        a Base-width decode loop's time, op by op.
   decode_overhead       the decode loops' own per-step cost.
   rowmatmul_microbench  the few-row kernel against XLA's dot.
@@ -24,5 +26,7 @@ Shared modules:
   replay         recording a demo model's SPEED schedule and replaying it on
                  a wide model (the benches' and the demo's wide numbers).
   bench_measure  the bench's timed row groups; bench_report its table.
+  trainer        optax training with the multi-exit loss, exit consistency.
+  paper_table_report  the paper table's markdown, JSON and plot.
   fuzz_cases     the fuzz's random cases; fuzz_check its checks and counts.
 """

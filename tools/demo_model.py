@@ -16,13 +16,11 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import seqio
-import tqdm
 
-from t5x_speed import losses
 from t5x_speed import network
 import t5x_speed.tasks as speed_tasks
+from tools import trainer
 
 TASK = speed_tasks.DEMO_TASK
 LENGTHS = speed_tasks.DEMO_SEQUENCE_LENGTH
@@ -108,14 +106,6 @@ def _batches(split: str, batch_size: int, pack: bool, shuffle: bool,
   return ds.batch(batch_size, drop_remainder=True).prefetch(2)
 
 
-def _forward(module, params, batch, enable_dropout=False, rngs=None):
-  return module.apply(
-      {'params': params}, batch['decoder_input_tokens'],
-      batch['decoder_target_tokens'], batch.get('decoder_segment_ids'),
-      batch.get('decoder_positions'), batch['decoder_causal_attention'],
-      enable_dropout=enable_dropout, rngs=rngs)
-
-
 def train(settings: DemoSettings, progress_bar: bool = True
           ) -> Tuple[Any, List[Dict]]:
   """Trains the demo model; returns (params, history of logged metrics).
@@ -125,53 +115,9 @@ def train(settings: DemoSettings, progress_bar: bool = True
   module = network.SpeedTransformer(settings.config())
   batches = _batches('train', settings.batch_size, pack=True, shuffle=True,
                      seed=settings.seed).as_numpy_iterator()
-  first = next(batches)
-  params = module.init(jax.random.PRNGKey(settings.seed),
-                       first['decoder_input_tokens'][:1],
-                       first['decoder_target_tokens'][:1],
-                       enable_dropout=False)['params']
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, settings.learning_rate, max(settings.steps // 10, 1),
-      settings.steps, settings.learning_rate / 20)
-  optimizer = optax.adamw(schedule, weight_decay=0.01)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def train_step(params, opt_state, batch):
-    def loss_fn(p):
-      exit_logits = _forward(module, p, batch)
-      targets, weights = (batch['decoder_target_tokens'],
-                          batch['decoder_loss_weights'])
-      loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
-          exit_logits, targets, weights, 'linear')
-      stats = losses.exit_statistics(exit_logits, targets, weights)
-      return loss / weight_sum, (per_exit / weight_sum, stats)
-    (_, (per_exit, stats)), grads = jax.value_and_grad(
-        loss_fn, has_aux=True)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, per_exit, stats
-
-  history = []
-  bar = tqdm.tqdm(range(1, settings.steps + 1), desc='training', unit='step',
-                  dynamic_ncols=True, disable=not progress_bar)
-  batch = first
-  for step in bar:
-    params, opt_state, per_exit, stats = train_step(params, opt_state, batch)
-    batch = next(batches)
-    if step % 20 == 0 or step == settings.steps:
-      record = {'step': step}
-      for i, loss in enumerate(np.asarray(per_exit)):
-        record[f'exit_{i + 1}/loss'] = float(loss)
-      for name, (total, count) in stats.items():
-        record[name] = float(total) / max(float(count), 1.0)
-      history.append(record)
-      postfix = {f'loss{i + 1}': f'{record[f"exit_{i + 1}/loss"]:.3f}'
-                 for i in range(settings.num_repeats)}
-      postfix.update({f'flip{i}': f'{record[f"exit_{i}/flip_rate"]:.1%}'
-                      for i in range(2, settings.num_repeats + 1)})
-      bar.set_postfix(postfix, refresh=False)
-  bar.close()
-  return params, history
+  return trainer.train(module, batches, trainer.Recipe(
+      steps=settings.steps, learning_rate=settings.learning_rate,
+      seed=settings.seed), progress_bar)
 
 
 def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
@@ -237,24 +183,8 @@ def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
 
 def exit_consistency(settings: DemoSettings, params, examples: int = 256
                      ) -> Dict[str, np.ndarray]:
-  """Teacher-forced per-exit accuracy and agreement with the final exit.
-
-  Returns {'accuracy': [R], 'agrees_with_final': [R], 'flip_rate': [R]}
-  over the target tokens of `examples` held-out examples.
-  """
-  module = network.SpeedTransformer(settings.config())
-  correct = agree = flips = 0.0
-  count = 0.0
+  """`trainer.exit_consistency` over `examples` held-out examples."""
   batches = _batches('validation', 32, pack=False, shuffle=False, seed=0)
-  for batch in batches.take(max(examples // 32, 1)).as_numpy_iterator():
-    # [R, batch, length] argmax of every exit.
-    preds = np.asarray(jnp.argmax(_forward(module, params, batch), -1))
-    weights = batch['decoder_loss_weights']
-    correct += np.sum((preds == batch['decoder_target_tokens']) * weights,
-                      (1, 2))
-    agree += np.sum((preds == preds[-1]) * weights, (1, 2))
-    flips += np.sum((preds != np.roll(preds, 1, 0)) * weights, (1, 2))
-    count += weights.sum()
-  flips[0] = 0.0
-  return {'accuracy': correct / count, 'agrees_with_final': agree / count,
-          'flip_rate': flips / count}
+  return trainer.exit_consistency(
+      network.SpeedTransformer(settings.config()), params,
+      batches.take(max(examples // 32, 1)).as_numpy_iterator())

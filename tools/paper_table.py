@@ -1,0 +1,394 @@
+"""The paper's comparison in miniature, on real data (`make paper-table`).
+
+Builds the gettext English->French set (`tools.gettext_data`) unless given
+one, then trains, with the same recipe, seed and steps, the configurations
+of the paper's table at a CPU scale: unshared 2, 3 and 6 layers and shared
+2x3 and 3x2 (the tools' trainer, `tools.trainer`). For each it reports
+* test BLEU and chrF of greedy decoding (SPEED's tokens on the shared
+  models, checked identical to greedy's);
+* each exit's teacher-forced accuracy and flip rate on the test split;
+* SPEED's loop steps per token and flushes while decoding the test prompts;
+and, on the test prompts one at a time (batch 1):
+* decode latency of SPEED on each shared model against greedy on it and on
+  the unshared models;
+* the same SPEED schedules replayed at T5-Base width (768, vocabulary
+  32128, float32), against the best greedy there (the faster of the few-row
+  kernel and XLA's dot): the speedup at real flip rates where weights
+  dominate.
+Beyond the paper, the shared models are trained again with the exits'
+agreement term (`--exit_agreement`), over `--seeds`, next to the paper's
+loss over the same seeds.
+
+Results go to `<out_dir>/paper_table.{md,json,png}`; progress to stderr.
+`--data_dir` points the same runner at your own translation TSVs
+(`train.tsv`, `validation.tsv`, `test.tsv` and a SentencePiece `spm.model`;
+see `tasks.register_translation_tsv_task`).
+
+Example:
+  python -m tools.paper_table --out_dir paper_table_out
+  python -m tools.paper_table --tiny --out_dir /tmp/t   # seconds: a smoke run
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+import seqio
+
+from t5x_speed import inference
+from t5x_speed import network
+from t5x_speed import tasks
+from t5x_speed.tasks import metrics
+from tools import common
+from tools import demo_model
+from tools import gettext_data
+from tools import paper_table_report
+from tools import replay
+from tools import trainer
+
+TASK = 'speed_gettext_enfr'
+CONFIGS = {'2L': (2, 1), '3L': (3, 1), '6L': (6, 1), '2x3': (2, 3),
+           '3x2': (3, 2)}
+BASE_VOCAB = 32128
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSettings:
+  """The scale of the table: one recipe for every configuration."""
+
+  configs: Tuple[str, ...] = ('2L', '6L', '2x3')
+  width: int = 256
+  steps: int = 300
+  batch_size: int = 32
+  learning_rate: float = 2e-3
+  inputs_length: int = 64
+  targets_length: int = 64
+  vocab_size: int = 2000
+  seeds: Tuple[int, ...] = (0, 1)
+  exit_agreement: float = 1.0
+  exit_agreement_target: str = 'distribution'
+  test_examples: int = 400      # BLEU, chrF and SPEED's statistics
+  consistency_examples: int = 1024
+  latency_prompts: int = 12
+  repeats: int = 3
+  replay_width: int = 768
+
+  @property
+  def lengths(self) -> Dict[str, int]:
+    return {'inputs': self.inputs_length, 'targets': self.targets_length}
+
+
+TINY = TableSettings(configs=('2L', '2x3'), width=32, steps=3, batch_size=4,
+                     inputs_length=24, targets_length=24, vocab_size=300,
+                     seeds=(0,), test_examples=8, consistency_examples=8,
+                     latency_prompts=2, repeats=1, replay_width=64)
+
+
+def prepare_data(out_dir: str, settings: TableSettings,
+                 data_dir: Optional[str], log) -> str:
+  """The data directory: `data_dir`, or the gettext set built once into
+  `<out_dir>/data`. Registers TASK over it."""
+  if data_dir is None:
+    data_dir = os.path.join(out_dir, 'data')
+    stats = os.path.join(data_dir, 'stats.json')
+    built = None
+    if os.path.exists(stats):
+      with open(stats) as f:
+        built = json.load(f).get('vocab_size')
+    if built != settings.vocab_size:
+      log('building the gettext English->French set')
+      counts = gettext_data.build(data_dir, vocab_size=settings.vocab_size)
+      log(f'{counts["kept"]} pairs kept of {counts["read"]} read: '
+          f'{counts["train"]} / {counts["validation"]} / {counts["test"]}')
+  spm = os.path.join(data_dir, 'spm.model')
+  for name in ('train.tsv', 'test.tsv', 'spm.model'):
+    if not os.path.exists(os.path.join(data_dir, name)):
+      raise FileNotFoundError(f'--data_dir {data_dir} has no {name}.')
+  tasks.register_translation_tsv_task(TASK, data_dir, spm)
+  return data_dir
+
+
+def _batches(split: str, settings: TableSettings, batch_size: int,
+             pack: bool, shuffle: bool, seed: int = 0):
+  task = seqio.get_mixture_or_task(TASK)
+  ds = task.get_dataset(settings.lengths, split=split, shuffle=shuffle,
+                        seed=seed, num_epochs=None if shuffle else 1)
+  ds = seqio.DecoderFeatureConverter(pack=pack)(ds, settings.lengths)
+  return ds.batch(batch_size, drop_remainder=shuffle).prefetch(2)
+
+
+def test_prompts(count: int, settings: TableSettings):
+  """The first `count` test examples: (prompts [count, inputs_length]
+  right-padded, lengths [count], reference texts)."""
+  task = seqio.get_mixture_or_task(TASK)
+  prompts = np.zeros((count, settings.inputs_length), np.int32)
+  lengths, refs = [], []
+  for ex in task.get_dataset(settings.lengths, split='test',
+                             shuffle=False).take(count).as_numpy_iterator():
+    prompts[len(refs), :len(ex['inputs'])] = ex['inputs']
+    lengths.append(len(ex['inputs']))
+    refs.append(ex['targets_pretokenized'].decode())
+  return prompts[:len(refs)], np.array(lengths, np.int32), refs
+
+
+def model_config(name: str, settings: TableSettings,
+                 vocab_size: int) -> network.TransformerConfig:
+  g, r = CONFIGS[name]
+  return demo_model.wide_config(g, r, settings.width, vocab_size=vocab_size)
+
+
+def _text(tokens: np.ndarray, vocab) -> str:
+  tokens = tokens.tolist()
+  return vocab.decode(tokens[:tokens.index(1)] if 1 in tokens else tokens)
+
+
+def evaluate(module, params, settings: TableSettings, prompts, lengths,
+             refs, vocab) -> Dict[str, Any]:
+  """BLEU / chrF of greedy decoding (SPEED on shared models, checked equal
+  to greedy), SPEED's statistics and teacher-forced exit consistency."""
+  r = module.config.num_repeats
+  decode = functools.partial(
+      inference.generate, module, params,
+      max_decode_steps=settings.targets_length, bidirectional=True)
+  texts, stats, identical = [], [], True
+  for start in range(0, len(prompts), 16):
+    p, n = prompts[start:start + 16], lengths[start:start + 16]
+    out = decode(p, n, method='speed' if r > 1 else 'greedy')
+    tokens = np.asarray(out.tokens)
+    if r > 1:
+      stats.append(out.stats.summary())
+      identical &= bool(np.array_equal(
+          tokens, np.asarray(decode(p, n, method='greedy').tokens)))
+    texts += [_text(t, vocab) for t in tokens]
+  result = {**metrics.bleu_and_chrf(refs, texts),
+            'examples': [{'reference': a, 'prediction': b}
+                         for a, b in zip(refs[:3], texts[:3])]}
+  batches = _batches('test', settings, 32, pack=False, shuffle=False).take(
+      max(settings.consistency_examples // 32, 1)).as_numpy_iterator()
+  result['consistency'] = {k: v.tolist() for k, v in trainer.exit_consistency(
+      module, params, batches).items()}
+  if r > 1:
+    totals = {k: sum(s[k] for s in stats) for k in ('example_steps',
+                                                     'tokens', 'flushes')}
+    result['speed'] = {
+        'identical_to_greedy': identical,
+        'steps_per_token': totals['example_steps'] / totals['tokens'],
+        'flushes': totals['flushes'], 'tokens': totals['tokens'],
+        'flip_rate': {f'stage_{i}': float(np.mean(
+            [s[f'flip_rate/stage_{i}'] for s in stats]))
+                      for i in range(2, r + 1)}}
+  return result
+
+
+def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
+            settings: TableSettings) -> Dict[str, float]:
+  """ms per token of each (module, params, method) at batch 1, interleaved
+  passes over the prompts, best pass."""
+  calls = {name: [functools.partial(
+      inference.generate, module, params, prompts[i:i + 1],
+      lengths[i:i + 1], max_decode_steps=settings.targets_length,
+      method=method, bidirectional=True) for i in range(len(prompts))]
+           for name, (module, params, method) in models.items()}
+  seconds, outputs = common.interleaved_passes(calls, settings.repeats)
+  out = {}
+  for name, passes in seconds.items():
+    tokens = sum(_produced(np.asarray(o.tokens)) for o in outputs[name])
+    out[name] = 1e3 * float(np.min(passes)) / tokens
+  return out
+
+
+def _produced(tokens: np.ndarray) -> int:
+  """Tokens up to and including the first EOS, over rows."""
+  return sum(list(t).index(1) + 1 if 1 in t else len(t) for t in tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_replay(g: int, r: int, width: int):
+  """({method: jitted replay}, params) of the wide GxR model, built and
+  compiled once per shape: every run of a configuration replays on it."""
+  wide, wide_params = replay.init_model(demo_model.wide_config(
+      g, r, width, vocab_size=BASE_VOCAB))
+  return {'speed': replay.replay_decoder('speed', wide),
+          'greedy': replay.replay_decoder('greedy', wide),
+          'greedy_xla': replay.replay_decoder(
+              'greedy', replay.with_xla_matmuls(wide))}, wide_params
+
+
+def replay_speedup(module, params, prompts, lengths,
+                   settings: TableSettings) -> Dict[str, Any]:
+  """SPEED against the best greedy on a Base-width model of the same GxR,
+  replaying `params`' SPEED schedules on the prompts at batch 1."""
+  recs = []
+  for i in range(len(prompts)):
+    out = inference.generate(
+        module, params, prompts[i:i + 1], lengths[i:i + 1],
+        max_decode_steps=settings.targets_length, method='speed',
+        bidirectional=True, record_schedule=True)
+    recs.append(replay.replay_record(out, prompts[i:i + 1], lengths[i:i + 1]))
+  cfg = module.config
+  runs, wide_params = _wide_replay(cfg.num_unique_layers, cfg.num_repeats,
+                                   settings.replay_width)
+  calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
+                  for rec in recs] for name, fn in runs.items()}
+  seconds, outputs = common.interleaved_passes(calls, settings.repeats)
+  tokens = sum(rec['tokens'] for rec in recs)
+  ms = {name: 1e3 * float(np.min(t)) / tokens for name, t in seconds.items()}
+  best = min(ms['greedy'], ms['greedy_xla'])
+  return {'width': settings.replay_width, 'tokens': tokens,
+          'ms_per_token': ms, 'speedup': best / ms['speed'],
+          'identical': all(np.array_equal(a.sequences, b.sequences) for a, b
+                           in zip(outputs['speed'], outputs['greedy']))}
+
+
+def train_config(name: str, settings: TableSettings, seed: int,
+                 agreement: float, vocab_size: int, progress: common.Progress,
+                 quiet: bool):
+  """(module, params, history, seconds) of one configuration and seed."""
+  module = network.SpeedTransformer(model_config(name, settings, vocab_size))
+  batches = _batches('train', settings, settings.batch_size, pack=True,
+                     shuffle=True, seed=seed).as_numpy_iterator()
+  label = f'{name} seed {seed}' + (f' agreement {agreement:g}'
+                                   if agreement else '')
+  progress.log(f'training {label}: {settings.steps} steps')
+  start = time.perf_counter()
+  params, history = trainer.train(module, batches, trainer.Recipe(
+      steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
+      exit_agreement=agreement,
+      exit_agreement_target=settings.exit_agreement_target),
+                                  progress_bar=not quiet, desc=label)
+  return module, params, history, time.perf_counter() - start
+
+
+def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
+  """(config, seed, agreement) of every training run: each configuration
+  at the first seed; the shared ones at every seed, with and without the
+  agreement term."""
+  runs = [(name, settings.seeds[0], 0.0) for name in settings.configs]
+  for name in settings.configs:
+    if CONFIGS[name][1] > 1:
+      runs += [(name, seed, 0.0) for seed in settings.seeds[1:]]
+      if settings.exit_agreement:
+        runs += [(name, seed, settings.exit_agreement)
+                 for seed in settings.seeds]
+  return runs
+
+
+def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
+        quiet: bool = False) -> Dict[str, Any]:
+  """Builds the data, trains, evaluates and times; returns the results."""
+  runs = runs_of(settings)
+  progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
+  data_dir = prepare_data(out_dir, settings, data_dir, progress.log)
+  vocab = seqio.get_mixture_or_task(TASK).output_features[
+      'targets'].vocabulary
+  prompts, lengths, refs = test_prompts(settings.test_examples, settings)
+  fast = slice(0, settings.latency_prompts)
+  results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
+             'cpu': common.cpu_model(), 'devices': jax.device_count(),
+             'runs': []}
+  trained = {}
+  for name, seed, agreement in runs:
+    module, params, history, seconds = train_config(
+        name, settings, seed, agreement, vocab.vocab_size, progress, quiet)
+    progress.log(f'evaluating {name} seed {seed}')
+    row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
+           'train_seconds': seconds, 'final_train': history[-1],
+           **evaluate(module, params, settings, prompts, lengths, refs,
+                      vocab)}
+    if CONFIGS[name][1] > 1:
+      progress.log(f'replaying {name} seed {seed} at width '
+                   f'{settings.replay_width}')
+      row['replay'] = replay_speedup(module, params, prompts[fast],
+                                     lengths[fast], settings)
+    if seed == settings.seeds[0] and not agreement:
+      trained[name] = (module, params)
+    results['runs'].append(row)
+    progress.advance()
+  progress.log(f'timing decoding at batch 1 on {settings.latency_prompts} '
+               'test prompts')
+  models = {}
+  for name, (module, params) in trained.items():
+    models[f'greedy {name}'] = (module, params, 'greedy')
+    if module.config.num_repeats > 1:
+      models[f'SPEED {name}'] = (module, params, 'speed')
+  results['latency_ms_per_token'] = latency(models, prompts[fast],
+                                            lengths[fast], settings)
+  progress.advance()
+  results['wall_seconds'] = progress.elapsed()
+  return results
+
+
+def _flags(argv):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=common.HelpFormatter)
+  defaults = TableSettings()
+  parser.add_argument('--out_dir', default='paper_table_out',
+                      help='where the data, results and plot go.')
+  parser.add_argument('--data_dir', default=None,
+                      help='your own translation TSVs and spm.model instead '
+                      'of the gettext set.')
+  parser.add_argument('--configs', default=','.join(defaults.configs),
+                      help=f'comma-separated, of {sorted(CONFIGS)}.')
+  for field in ('width', 'steps', 'batch_size', 'test_examples',
+                'latency_prompts', 'repeats', 'replay_width'):
+    parser.add_argument(f'--{field}', type=int,
+                        default=getattr(defaults, field))
+  parser.add_argument('--learning_rate', type=float,
+                      default=defaults.learning_rate)
+  parser.add_argument('--seeds', default=','.join(map(str, defaults.seeds)),
+                      help='comma-separated training seeds.')
+  parser.add_argument('--exit_agreement', type=float,
+                      default=defaults.exit_agreement,
+                      help='lambda of the agreement runs; 0 skips them.')
+  parser.add_argument('--exit_agreement_target',
+                      default=defaults.exit_agreement_target,
+                      choices=('distribution', 'argmax'))
+  parser.add_argument('--tiny', action='store_true',
+                      help='a smoke run at toy size (its figures mean '
+                      'nothing); other size flags are ignored.')
+  common.add_quiet_flag(parser)
+  args = parser.parse_args(argv)
+  configs = tuple(c for c in args.configs.split(',') if c)
+  unknown = sorted(set(configs) - set(CONFIGS))
+  if unknown:
+    parser.error(f'--configs: unknown {unknown}; choose from '
+                 f'{sorted(CONFIGS)}.')
+  if args.tiny:
+    settings = TINY
+  else:
+    settings = dataclasses.replace(
+        defaults, configs=configs,
+        seeds=tuple(int(s) for s in args.seeds.split(',')),
+        learning_rate=args.learning_rate, exit_agreement=args.exit_agreement,
+        exit_agreement_target=args.exit_agreement_target,
+        **{f: getattr(args, f) for f in (
+            'width', 'steps', 'batch_size', 'test_examples',
+            'latency_prompts', 'repeats', 'replay_width')})
+  return args, settings
+
+
+def main(argv=None) -> int:
+  args, settings = _flags(sys.argv[1:] if argv is None else argv)
+  os.makedirs(args.out_dir, exist_ok=True)
+  results = run(settings, args.out_dir, args.data_dir, args.quiet)
+  paths = paper_table_report.write(results, args.out_dir)
+  print(paper_table_report.markdown(results))
+  print('Wrote ' + ', '.join(paths) + '.')
+  exact = all(row.get('speed', {}).get('identical_to_greedy', True) and
+              row.get('replay', {}).get('identical', True)
+              for row in results['runs'])
+  if not exact:
+    print('ERROR: SPEED and greedy outputs differ.', file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

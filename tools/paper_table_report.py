@@ -1,0 +1,127 @@
+"""The paper table's report: markdown, JSON and a plot (`tools.paper_table`)."""
+
+import json
+import os
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+
+def _pct(values) -> str:
+  return ' / '.join(f'{100 * v:.1f}' for v in values)
+
+
+def _conditions(results: Dict[str, Any]) -> str:
+  s = results['settings']
+  return (f'Width {s["width"]} (64-wide heads), {s["steps"]} steps of '
+          f'{s["batch_size"]} packed sequences ({s["inputs_length"]} + '
+          f'{s["targets_length"]} tokens), AdamW peak {s["learning_rate"]:g}, '
+          f'SentencePiece vocabulary {s["vocab_size"]}, float32, '
+          f'{results["devices"]} CPU device(s) on {results["cpu"]}. Test BLEU '
+          f'and chrF over the first {s["test_examples"]} test pairs; '
+          f'teacher-forced exits over {s["consistency_examples"]}; latency '
+          f'and replay at batch 1 on {s["latency_prompts"]} test prompts, '
+          f'best of {s["repeats"]} interleaved passes; replay at width '
+          f'{s["replay_width"]}, vocabulary 32128, against the faster of the '
+          f'kernel and XLA greedy. Wall time {results["wall_seconds"] / 60:.0f}'
+          ' min.')
+
+
+def _main_rows(results) -> List[Dict[str, Any]]:
+  first = results['settings']['seeds'][0]
+  return [row for row in results['runs']
+          if row['seed'] == first and not row['exit_agreement']]
+
+
+def _agreement_groups(results) -> Dict[Tuple[str, float], List[Dict]]:
+  groups = {}
+  for row in results['runs']:
+    if 'speed' in row:
+      groups.setdefault((row['config'], row['exit_agreement']), []).append(row)
+  return groups
+
+
+def markdown(results: Dict[str, Any]) -> str:
+  """The tables, with their conditions."""
+  lat = results['latency_ms_per_token']
+  lines = ['## The paper\'s comparison in miniature: gettext en->fr', '',
+           _conditions(results), '',
+           '| model | BLEU | chrF | exit accuracy % | flip rate % (stages '
+           '2..R) | SPEED steps / token | greedy ms/token | SPEED ms/token '
+           '| Base-width replay speedup |',
+           '| --- | --- | --- | --- | --- | --- | --- | --- | --- |']
+  for row in _main_rows(results):
+    name, c = row['config'], row['consistency']
+    sp, rp = row.get('speed'), row.get('replay')
+    timed = lambda key: f'{lat[key]:.2f}' if key in lat else '-'
+    cells = [name, f'{row["bleu"]:.1f}', f'{row["chrf"]:.1f}',
+             _pct(c['accuracy']), _pct(c['flip_rate'][1:]) or '-',
+             f'{sp["steps_per_token"]:.2f}' if sp else '-',
+             timed(f'greedy {name}'), timed(f'SPEED {name}'),
+             f'{rp["speedup"]:.2f}x' if rp else '-']
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  lines += ['', 'Flip rates are teacher-forced on the test split: the share '
+            'of target tokens whose argmax at an exit differs from the '
+            'previous exit\'s. SPEED\'s tokens equal greedy\'s on every '
+            'shared model (checked).', '']
+  groups = _agreement_groups(results)
+  if any(agreement for _, agreement in groups):
+    lines += ['### Exits trained to agree', '',
+              '| model | loss | seeds | flip rate % (stages 2..R) | SPEED '
+              'steps / token | BLEU | chrF | Base-width replay speedup |',
+              '| --- | --- | --- | --- | --- | --- | --- | --- |']
+    for (name, agreement), rows in sorted(groups.items()):
+      mean = lambda f: np.mean([f(r) for r in rows], 0)
+      spread = lambda f: ', '.join(f'{f(r):.2f}' for r in rows)
+      loss = f'agreement λ={agreement:g}' if agreement else 'paper'
+      lines.append(
+          f'| {name} | {loss} | {len(rows)} | '
+          f'{_pct(mean(lambda r: r["consistency"]["flip_rate"][1:]))} | '
+          f'{mean(lambda r: r["speed"]["steps_per_token"]):.2f} | '
+          f'{mean(lambda r: r["bleu"]):.1f} ({spread(lambda r: r["bleu"])}) |'
+          f' {mean(lambda r: r["chrf"]):.1f} | '
+          f'{mean(lambda r: r["replay"]["speedup"]):.2f}x '
+          f'({spread(lambda r: r["replay"]["speedup"])}) |')
+    lines += ['', 'Means over seeds; per-seed values in parentheses.', '']
+  return '\n'.join(lines)
+
+
+def _plot(results: Dict[str, Any], path: str):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  lat = results['latency_ms_per_token']
+  bars = left.bar(list(lat), list(lat.values()),
+                  color=['#2a7ab9' if k.startswith('SPEED') else '#999999'
+                         for k in lat])
+  left.bar_label(bars, fmt='%.2f')
+  left.set_ylabel('ms per token (batch 1)')
+  left.set_title('Decoding latency, trained models')
+  left.tick_params(axis='x', rotation=30)
+  for (name, agreement), rows in sorted(_agreement_groups(results).items()):
+    flips = np.mean([r['consistency']['flip_rate'][1:] for r in rows], 0)
+    stages = np.arange(2, len(flips) + 2)
+    right.plot(stages, 100 * flips, 'o-' if agreement else 's--',
+               label=f'{name}, ' + (f'agreement {agreement:g}' if agreement
+                                    else 'paper loss'))
+  right.set_xlabel('stage')
+  right.set_ylabel('flip rate, % of test tokens')
+  right.set_title('Exit flips: paper loss vs agreement')
+  right.legend(fontsize=8)
+  right.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write(results: Dict[str, Any], out_dir: str) -> List[str]:
+  """Writes paper_table.{md,json,png} into `out_dir`; returns the paths."""
+  paths = [os.path.join(out_dir, f'paper_table.{ext}')
+           for ext in ('md', 'json', 'png')]
+  with open(paths[0], 'w') as f:
+    f.write(markdown(results) + '\n')
+  with open(paths[1], 'w') as f:
+    json.dump(results, f, indent=1)
+  _plot(results, paths[2])
+  return paths

@@ -1,0 +1,138 @@
+"""The tools' trainer: a SpeedTransformer trained with optax, without T5X.
+
+The weighted multi-exit loss (and, if asked, the exits' agreement term of
+`losses.exit_agreement`), averaged over target tokens, on batches from
+`seqio.DecoderFeatureConverter`; AdamW with a linear warmup over the first
+tenth of the steps and cosine decay to a twentieth of the peak rate.
+`exit_consistency` measures the exits on held-out batches, teacher-forced.
+"""
+
+import dataclasses
+from typing import Any, Dict, Iterable, Iterator, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+
+from t5x_speed import losses
+from t5x_speed import network
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """How a model is trained."""
+
+  steps: int
+  learning_rate: float
+  seed: int = 0
+  exit_weighting: losses.ExitWeighting = 'linear'
+  exit_agreement: float = 0.0        # lambda of `losses.exit_agreement`
+  exit_agreement_target: str = 'distribution'
+  log_every: int = 20                # steps between history records
+
+
+def forward(module: network.SpeedTransformer, params, batch,
+            enable_dropout: bool = False, rngs=None) -> jax.Array:
+  """Every exit's logits [R, batch, length, vocab] on a converted batch."""
+  return module.apply(
+      {'params': params}, batch['decoder_input_tokens'],
+      batch['decoder_target_tokens'], batch.get('decoder_segment_ids'),
+      batch.get('decoder_positions'), batch['decoder_causal_attention'],
+      enable_dropout=enable_dropout, rngs=rngs)
+
+
+def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
+          recipe: Recipe, progress_bar: bool = True, desc: str = 'training'
+          ) -> Tuple[Any, List[Dict[str, float]]]:
+  """Trains `module` on `batches`; returns (params, history).
+
+  The history has a record every `recipe.log_every` steps and at the last:
+  the step, each exit's loss and accuracy, flip rates and, with the
+  agreement term on, each early exit's A_i (all per target token).
+  `progress_bar` shows the steps, losses and flip rates on stderr.
+  """
+  agreement = losses.check_exit_agreement(recipe.exit_agreement,
+                                          recipe.exit_agreement_target)
+  first = next(batches)
+  params = module.init(jax.random.PRNGKey(recipe.seed),
+                       first['decoder_input_tokens'][:1],
+                       first['decoder_target_tokens'][:1],
+                       enable_dropout=False)['params']
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, recipe.learning_rate, max(recipe.steps // 10, 1), recipe.steps,
+      recipe.learning_rate / 20)
+  optimizer = optax.adamw(schedule, weight_decay=0.01)
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def train_step(params, opt_state, batch):
+    def loss_fn(p):
+      exit_logits = forward(module, p, batch)
+      targets, weights = (batch['decoder_target_tokens'],
+                          batch['decoder_loss_weights'])
+      loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
+          exit_logits, targets, weights, recipe.exit_weighting)
+      logs = {'loss': per_exit / weight_sum}
+      if agreement and exit_logits.shape[0] > 1:
+        terms = losses.exit_agreement(exit_logits, weights,
+                                      recipe.exit_agreement_target)
+        loss = loss + agreement * jnp.mean(terms)
+        logs['agreement'] = terms / weight_sum
+      stats = losses.exit_statistics(exit_logits, targets, weights)
+      return loss / weight_sum, (logs, stats)
+    (_, (logs, stats)), grads = jax.value_and_grad(
+        loss_fn, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, logs, stats
+
+  num_repeats = module.config.num_repeats
+  history = []
+  bar = tqdm.tqdm(range(1, recipe.steps + 1), desc=desc, unit='step',
+                  dynamic_ncols=True, disable=not progress_bar)
+  batch = first
+  for step in bar:
+    params, opt_state, logs, stats = train_step(params, opt_state, batch)
+    if step < recipe.steps:
+      batch = next(batches)
+    if step % recipe.log_every == 0 or step == recipe.steps:
+      record = {'step': step}
+      for name, values in logs.items():
+        for i, value in enumerate(np.asarray(values)):
+          record[f'exit_{i + 1}/{name}'] = float(value)
+      for name, (total, count) in stats.items():
+        record[name] = float(total) / max(float(count), 1.0)
+      history.append(record)
+      postfix = {f'loss{i + 1}': f'{record[f"exit_{i + 1}/loss"]:.3f}'
+                 for i in range(num_repeats)}
+      postfix.update({f'flip{i}': f'{record[f"exit_{i}/flip_rate"]:.1%}'
+                      for i in range(2, num_repeats + 1)})
+      bar.set_postfix(postfix, refresh=False)
+  bar.close()
+  return params, history
+
+
+def exit_consistency(module: network.SpeedTransformer, params,
+                     batches: Iterable[Dict[str, Any]]
+                     ) -> Dict[str, np.ndarray]:
+  """Teacher-forced per-exit accuracy and agreement with the final exit.
+
+  Returns {'accuracy': [R], 'agrees_with_final': [R], 'flip_rate': [R]}
+  over the target tokens of `batches` (flip_rate[0] is 0: exit 1 has no
+  predecessor).
+  """
+  correct = agree = flips = 0.0
+  count = 0.0
+  for batch in batches:
+    # [R, batch, length] argmax of every exit.
+    preds = np.asarray(jnp.argmax(forward(module, params, batch), -1))
+    weights = batch['decoder_loss_weights']
+    correct += np.sum((preds == batch['decoder_target_tokens']) * weights,
+                      (1, 2))
+    agree += np.sum((preds == preds[-1]) * weights, (1, 2))
+    flips += np.sum((preds != np.roll(preds, 1, 0)) * weights, (1, 2))
+    count += weights.sum()
+  flips[0] = 0.0
+  return {'accuracy': correct / count, 'agrees_with_final': agree / count,
+          'flip_rate': flips / count}
