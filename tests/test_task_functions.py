@@ -30,8 +30,10 @@ class PreprocessorsTest(parameterized.TestCase):
                            'targets': b'Das ist gut.'})
 
   def test_unknown_language(self):
-    with self.assertRaisesRegex(ValueError, "'fr'"):
-      preprocessors.translation_prompt('en', 'fr')
+    with self.assertRaisesRegex(ValueError, "'xx'"):
+      preprocessors.translation_prompt('en', 'xx')
+    self.assertEqual(preprocessors.translation_prompt('en', 'fr'),
+                     'translate English to French: ')
 
   @parameterized.parameters(('article', 'highlights'), ('source', 'target'))
   def test_summarize(self, article_key, summary_key):
