@@ -183,11 +183,15 @@ def multi_exit_cross_entropy(
   return total, z_total, per_exit, weight_sum
 
 
-def check_exit_agreement(weight: float, target: str) -> float:
-  """Validates the agreement term's settings; returns the weight as float."""
+def _check_agreement_target(target: str):
   if target not in AGREEMENT_TARGETS:
     raise ValueError(f'exit_agreement_target must be one of '
                      f'{AGREEMENT_TARGETS}, got {target!r}.')
+
+
+def check_exit_agreement(weight: float, target: str) -> float:
+  """Validates the agreement term's settings; returns the weight as float."""
+  _check_agreement_target(target)
   try:
     weight = float(weight)
   except (TypeError, ValueError):
@@ -223,7 +227,7 @@ def exit_agreement(
   Returns:
     float32 [R - 1]: A_i for exits 1..R-1 (empty when R = 1).
   """
-  check_exit_agreement(0.0, target)
+  _check_agreement_target(target)
   final = jax.lax.stop_gradient(exit_logits[-1]).astype(jnp.float32)
   if target == 'argmax':
     teacher = jax.nn.one_hot(jnp.argmax(final, -1), final.shape[-1])

@@ -1,11 +1,13 @@
 """`make paper-table` at a toy size: the whole pipeline runs and reports."""
 
+import doctest
 import json
 import os
 import tempfile
 
 from absl.testing import absltest
 
+from tools import common
 from tools import paper_table
 
 
@@ -20,6 +22,13 @@ class PaperTableTest(absltest.TestCase):
     no_agreement = paper_table.TableSettings(configs=('3x2',), seeds=(4,),
                                              exit_agreement=0.0)
     self.assertEqual(paper_table.runs_of(no_agreement), [('3x2', 4, 0.0)])
+
+  def test_decoded_row_helpers(self):
+    # tools.common's examples: text before EOS, tokens produced with EOS.
+    result = doctest.testmod(common)
+    self.assertGreaterEqual(result.attempted, 2)
+    self.assertEqual(result.failed, 0)
+    self.assertEqual(common.produced_count([[1, 0], [0, 0, 0]]), 4)
 
   def test_bad_flags_and_data_dir(self):
     with self.assertRaises(SystemExit):

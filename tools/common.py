@@ -2,7 +2,8 @@
 
 Nothing here is specific to one tool: `HelpFormatter` for their command
 lines, `Progress` for the lines that long runs write to stderr, `best_time`
-and `interleaved_passes` for timing, `cpu_model` for reports.
+and `interleaved_passes` for timing, `tokens_until_eos` and
+`produced_count` for decoded rows, `cpu_model` for reports.
 """
 
 import argparse
@@ -121,6 +122,29 @@ def interleaved_passes(calls: Dict[str, List[Callable[[], Any]]],
       outputs[method] = [jax.block_until_ready(fn()) for fn in fns]
       seconds[method].append(time.perf_counter() - start)
   return seconds, outputs
+
+
+def tokens_until_eos(row) -> List[int]:
+  """A decoded row's tokens before its first EOS (id 1).
+
+  >>> tokens_until_eos(np.array([5, 6, 1, 0]))
+  [5, 6]
+  """
+  tokens = np.asarray(row).tolist()
+  return tokens[:tokens.index(1)] if 1 in tokens else tokens
+
+
+def produced_count(rows) -> int:
+  """Tokens produced over decoded rows, each up to and including its EOS.
+
+  >>> produced_count(np.array([[5, 6, 1, 0], [7, 8, 9, 9]]))
+  7
+  """
+  total = 0
+  for row in rows:
+    before_eos = len(tokens_until_eos(row))
+    total += before_eos + (before_eos < len(row))  # the EOS itself
+  return total
 
 
 def cpu_model() -> str:

@@ -126,13 +126,6 @@ def replay_wide(settings: demo_model.DemoSettings, params, width: int,
   return out
 
 
-def _text(tokens: np.ndarray, vocab) -> str:
-  tokens = tokens.tolist()
-  if 1 in tokens:
-    tokens = tokens[:tokens.index(1)]
-  return vocab.decode(tokens)
-
-
 def _decode_trained(settings, params, args) -> Dict[str, Any]:
   """Greedy and SPEED on the trained model, greedy on its first
   repetition: timings, exact match, SPEED's statistics, examples."""
@@ -163,8 +156,8 @@ def _decode_trained(settings, params, args) -> Dict[str, Any]:
   texts = {}
   for name in demo_report.METHODS:
     toks = [np.asarray(o.tokens[0]) for o in outputs[name]]
-    produced = sum(list(t).index(1) + 1 if 1 in t else len(t) for t in toks)
-    texts[name] = [_text(t, vocab) for t in toks]
+    produced = common.produced_count(toks)
+    texts[name] = [vocab.decode(common.tokens_until_eos(t)) for t in toks]
     median = float(np.median(seconds[name]))
     results[name] = {
         'tokens': int(produced), 'seconds': median,

@@ -36,7 +36,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -144,11 +144,6 @@ def model_config(name: str, settings: TableSettings,
   return demo_model.wide_config(g, r, settings.width, vocab_size=vocab_size)
 
 
-def _text(tokens: np.ndarray, vocab) -> str:
-  tokens = tokens.tolist()
-  return vocab.decode(tokens[:tokens.index(1)] if 1 in tokens else tokens)
-
-
 def evaluate(module, params, settings: TableSettings, prompts, lengths,
              refs, vocab) -> Dict[str, Any]:
   """BLEU / chrF of greedy decoding (SPEED on shared models, checked equal
@@ -166,7 +161,7 @@ def evaluate(module, params, settings: TableSettings, prompts, lengths,
       stats.append(out.stats.summary())
       identical &= bool(np.array_equal(
           tokens, np.asarray(decode(p, n, method='greedy').tokens)))
-    texts += [_text(t, vocab) for t in tokens]
+    texts += [vocab.decode(common.tokens_until_eos(t)) for t in tokens]
   result = {**metrics.bleu_and_chrf(refs, texts),
             'examples': [{'reference': a, 'prediction': b}
                          for a, b in zip(refs[:3], texts[:3])]}
@@ -199,14 +194,9 @@ def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
   seconds, outputs = common.interleaved_passes(calls, settings.repeats)
   out = {}
   for name, passes in seconds.items():
-    tokens = sum(_produced(np.asarray(o.tokens)) for o in outputs[name])
+    tokens = sum(common.produced_count(o.tokens) for o in outputs[name])
     out[name] = 1e3 * float(np.min(passes)) / tokens
   return out
-
-
-def _produced(tokens: np.ndarray) -> int:
-  """Tokens up to and including the first EOS, over rows."""
-  return sum(list(t).index(1) + 1 if 1 in t else len(t) for t in tokens)
 
 
 @functools.lru_cache(maxsize=None)

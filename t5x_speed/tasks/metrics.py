@@ -15,6 +15,12 @@ from t5x_speed import decoding
 ROUGE_KEYS = ('rouge1', 'rouge2', 'rougeLsum')
 
 
+def _check_aligned(targets: Sequence[str], predictions: Sequence[str]):
+  if len(targets) != len(predictions):
+    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
+                     'predictions.')
+
+
 def bleu(targets: Sequence[str], predictions: Sequence[str],
          tokenizer: str = 'intl') -> Dict[str, float]:
   """Corpus BLEU of sacrebleu with the settings of T5's `bleu` metric.
@@ -38,9 +44,7 @@ def bleu(targets: Sequence[str], predictions: Sequence[str],
   Returns:
     {'bleu': score in [0, 100]}.
   """
-  if len(targets) != len(predictions):
-    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
-                     'predictions.')
+  _check_aligned(targets, predictions)
   score = sacrebleu.corpus_bleu(
       list(predictions), [list(targets)],
       smooth_method='exp',
@@ -66,9 +70,7 @@ def chrf(targets: Sequence[str], predictions: Sequence[str]
   Returns:
     {'chrf': score in [0, 100]}.
   """
-  if len(targets) != len(predictions):
-    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
-                     'predictions.')
+  _check_aligned(targets, predictions)
   score = sacrebleu.corpus_chrf(list(predictions), [list(targets)])
   return {'chrf': float(score.score)}
 
@@ -107,9 +109,7 @@ def rouge(targets: Sequence[str],
   Returns:
     {score key: F-measure in [0, 100]}.
   """
-  if len(targets) != len(predictions):
-    raise ValueError(f'{len(targets)} targets but {len(predictions)} '
-                     'predictions.')
+  _check_aligned(targets, predictions)
   if not targets:
     raise ValueError('ROUGE needs at least one example.')
   # Imported here: rouge_score loads nltk, scipy and matplotlib, which would

@@ -198,8 +198,7 @@ def register_translation_tsv_task(
   Returns:
     The registered task.
   """
-  for code in languages:
-    preprocessors.translation_prompt(code, code)  # validates the code
+  preprocessors.translation_prompt(*languages)  # fails on unknown codes
   if isinstance(vocabulary, str):
     vocabulary = vocabularies.SentencePieceVocabulary(vocabulary)
   if overwrite:
