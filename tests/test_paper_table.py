@@ -6,21 +6,42 @@ import os
 import tempfile
 
 from absl.testing import absltest
+import jax
+import numpy as np
+import pytest
+import seqio
 
+from t5x_speed import network
 from tools import common
 from tools import paper_table
+from tools import paper_table_train
+from tools import trainer
 
 
 class PaperTableTest(absltest.TestCase):
 
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    # The gettext set at the tiny vocabulary, built once for every test.
+    cls.out = tempfile.mkdtemp()
+    cls.data_dir = paper_table.prepare_data(cls.out, paper_table.TINY, None,
+                                            lambda _: None)
+
   def test_runs_of_the_table(self):
     settings = paper_table.TableSettings(configs=('2L', '6L', '2x3'),
-                                         seeds=(0, 1), exit_agreement=0.5)
+                                         seeds=(0, 1), exit_agreements=(0.5,))
     self.assertEqual(paper_table.runs_of(settings), [
         ('2L', 0, 0.0), ('6L', 0, 0.0), ('2x3', 0, 0.0), ('2x3', 1, 0.0),
         ('2x3', 0, 0.5), ('2x3', 1, 0.5)])
+    sweep = paper_table.TableSettings(configs=('3x2', '2x3'), seeds=(4,),
+                                      sweep_configs=('3x2',),
+                                      exit_agreements=(0.1, 1.0))
+    self.assertEqual(paper_table.runs_of(sweep), [
+        ('3x2', 4, 0.0), ('2x3', 4, 0.0), ('3x2', 4, 0.1), ('3x2', 4, 1.0)])
     no_agreement = paper_table.TableSettings(configs=('3x2',), seeds=(4,),
-                                             exit_agreement=0.0)
+                                             sweep_configs=('3x2',),
+                                             exit_agreements=(0.0,))
     self.assertEqual(paper_table.runs_of(no_agreement), [('3x2', 4, 0.0)])
 
   def test_decoded_row_helpers(self):
@@ -39,8 +60,8 @@ class PaperTableTest(absltest.TestCase):
 
   def test_tiny_run_writes_the_table(self):
     out = tempfile.mkdtemp()
-    self.assertEqual(paper_table.main(['--tiny', '--quiet', '--out_dir', out]),
-                     0)
+    self.assertEqual(paper_table.main(['--tiny', '--quiet', '--out_dir', out,
+                                       '--data_dir', self.data_dir]), 0)
     with open(os.path.join(out, 'paper_table.json')) as f:
       results = json.load(f)
     self.assertTrue(os.path.getsize(os.path.join(out, 'paper_table.png')))
@@ -67,8 +88,60 @@ class PaperTableTest(absltest.TestCase):
       text = f.read()
     self.assertIn('Width 32 (64-wide heads), 3 steps of 4 packed', text)
     self.assertIn('| 2x3 | agreement λ=1 | 1 |', text)
-    with open(os.path.join(out, 'data', 'stats.json')) as f:
+    self.assertFalse(any(row['trained_earlier'] for row in results['runs']))
+    self.assertLen(os.listdir(os.path.join(out, 'runs')), 3)
+    with open(os.path.join(self.data_dir, 'stats.json')) as f:
       self.assertGreater(json.load(f)['counts']['kept'], 10000)
+
+  def test_t5x_train_gives_the_library_trainers_parameters(self):
+    pytest.importorskip('t5x')
+    settings = paper_table.TINY
+    vocab_size = seqio.get_mixture_or_task(paper_table.TASK).output_features[
+        'targets'].vocabulary.vocab_size
+    progress = common.Progress('test', total=1, quiet=True)
+    trained = {}
+    for which in paper_table_train.TRAINERS:
+      _, trained[which], record = paper_table.train_run(
+          '2x3', 0, 0.5, settings, vocab_size, self.out, self.data_dir,
+          which, progress, quiet=True)
+      self.assertFalse(record['cached'])
+      self.assertEqual(record['history'][-1]['step'], settings.steps)
+      self.assertIn('exit_1/agreement', record['history'][-1])
+    self.assertEqual(jax.tree.structure(trained['library']),
+                     jax.tree.structure(trained['t5x']))
+    for ours, t5xs in zip(jax.tree.leaves(trained['library']),
+                          jax.tree.leaves(trained['t5x'])):
+      np.testing.assert_allclose(ours, t5xs, rtol=1e-4, atol=1e-5)
+    # The update was not zero: the runs are equal after training, not
+    # merely at initialisation.
+    init = network.SpeedTransformer(paper_table.model_config(
+        '2x3', settings, vocab_size)).init(
+            paper_table_train.t5x_init_rng(0), np.ones((1, 4), np.int32),
+            np.ones((1, 4), np.int32), enable_dropout=False)['params']
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(
+        jax.tree.leaves(init), jax.tree.leaves(trained['t5x'])))
+    self.assertGreater(moved, 1e-3)
+    # A second table reads the run back instead of training it again.
+    _, again, record = paper_table.train_run(
+        '2x3', 0, 0.5, settings, vocab_size, self.out, self.data_dir, 't5x',
+        progress, quiet=True)
+    self.assertTrue(record['cached'])
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(trained['t5x'])):
+      np.testing.assert_array_equal(a, b)
+
+  def test_t5x_gin_carries_the_recipe(self):
+    config = paper_table.model_config('2x3', paper_table.TINY, 300)
+    text = paper_table_train.t5x_gin(
+        config, trainer.Recipe(steps=40, learning_rate=3e-3, seed=7,
+                               exit_agreement=0.3), 'task', 'task_module',
+        {'inputs': 24, 'targets': 24}, 8, '/data/spm.model')
+    for line in ('NUM_REPEATS = 3', 'RANDOM_SEED = 7',
+                 'train/utils.DatasetConfig.seed = 7', 'EXIT_AGREEMENT = 0.3',
+                 "LOSS_NORMALIZING_FACTOR = 'NUM_REAL_TARGET_TOKENS'",
+                 'Z_LOSS = 0.0', '  warmup_steps = 4', '  decay_steps = 40',
+                 '  peak_value = 0.003', 'BATCH_SIZE = 8',
+                 'network.TransformerConfig.emb_dim = 32'):
+      self.assertIn(line + '\n', text)
 
 
 if __name__ == '__main__':

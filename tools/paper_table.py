@@ -3,7 +3,10 @@
 Builds the gettext English->French set (`tools.gettext_data`) unless given
 one, then trains, with the same recipe, seed and steps, the configurations
 of the paper's table at a CPU scale: unshared 2, 3 and 6 layers and shared
-2x3 and 3x2 (the tools' trainer, `tools.trainer`). For each it reports
+2x3 and 3x2, with the tools' trainer (`tools.trainer`) or, with
+`--trainer t5x`, stock `t5x.train` (the same parameters either way;
+`tools.paper_table_train`). Trained runs are kept under `<out_dir>/runs`,
+so a rerun retrains only what changed. For each run it reports
 * test BLEU and chrF of greedy decoding (SPEED's tokens on the shared
   models, checked identical to greedy's);
 * each exit's teacher-forced accuracy and flip rate on the test split;
@@ -16,8 +19,9 @@ and, on the test prompts one at a time (batch 1):
   kernel and XLA's dot): the speedup at real flip rates where weights
   dominate.
 Beyond the paper, the shared models are trained again with the exits'
-agreement term (`--exit_agreement`), over `--seeds`, next to the paper's
-loss over the same seeds.
+agreement term at each weight of `--exit_agreement` (a sweep of λ), over
+`--seeds`, next to the paper's loss over the same seeds: the trade-off
+between flips and quality.
 
 Results go to `<out_dir>/paper_table.{md,json,png}`; progress to stderr.
 `--data_dir` points the same runner at your own translation TSVs
@@ -26,6 +30,7 @@ see `tasks.register_translation_tsv_task`).
 
 Example:
   python -m tools.paper_table --out_dir paper_table_out
+  python -m tools.paper_table --trainer t5x --configs 2x3 --exit_agreement 0
   python -m tools.paper_table --tiny --out_dir /tmp/t   # seconds: a smoke run
 """
 
@@ -35,7 +40,6 @@ import functools
 import json
 import os
 import sys
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import jax
@@ -50,6 +54,7 @@ from tools import common
 from tools import demo_model
 from tools import gettext_data
 from tools import paper_table_report
+from tools import paper_table_train
 from tools import replay
 from tools import trainer
 
@@ -63,16 +68,19 @@ BASE_VOCAB = 32128
 class TableSettings:
   """The scale of the table: one recipe for every configuration."""
 
-  configs: Tuple[str, ...] = ('2L', '6L', '2x3')
+  configs: Tuple[str, ...] = ('2L', '3L', '6L', '2x3', '3x2')
   width: int = 256
-  steps: int = 300
-  batch_size: int = 32
-  learning_rate: float = 2e-3
+  steps: int = 600
+  batch_size: int = 8
+  learning_rate: float = 3e-3
   inputs_length: int = 64
   targets_length: int = 64
   vocab_size: int = 2000
   seeds: Tuple[int, ...] = (0, 1)
-  exit_agreement: float = 1.0
+  # The shared configurations trained at every seed and agreement weight
+  # (the others at the first seed, with the paper's loss).
+  sweep_configs: Tuple[str, ...] = ('2x3',)
+  exit_agreements: Tuple[float, ...] = (0.1, 0.3, 1.0)   # the λ swept
   exit_agreement_target: str = 'distribution'
   test_examples: int = 400      # BLEU, chrF and SPEED's statistics
   consistency_examples: int = 1024
@@ -87,8 +95,9 @@ class TableSettings:
 
 TINY = TableSettings(configs=('2L', '2x3'), width=32, steps=3, batch_size=4,
                      inputs_length=24, targets_length=24, vocab_size=300,
-                     seeds=(0,), test_examples=8, consistency_examples=8,
-                     latency_prompts=2, repeats=1, replay_width=64)
+                     seeds=(0,), exit_agreements=(1.0,), test_examples=8,
+                     consistency_examples=8, latency_prompts=2, repeats=1,
+                     replay_width=64)
 
 
 def prepare_data(out_dir: str, settings: TableSettings,
@@ -237,42 +246,41 @@ def replay_speedup(module, params, prompts, lengths,
                            in zip(outputs['speed'], outputs['greedy']))}
 
 
-def train_config(name: str, settings: TableSettings, seed: int,
-                 agreement: float, vocab_size: int, progress: common.Progress,
-                 quiet: bool):
-  """(module, params, history, seconds) of one configuration and seed."""
-  module = network.SpeedTransformer(model_config(name, settings, vocab_size))
-  batches = _batches('train', settings, settings.batch_size, pack=True,
-                     shuffle=True, seed=seed).as_numpy_iterator()
-  label = f'{name} seed {seed}' + (f' agreement {agreement:g}'
-                                   if agreement else '')
-  progress.log(f'training {label}: {settings.steps} steps')
-  start = time.perf_counter()
-  params, history = trainer.train(module, batches, trainer.Recipe(
-      steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
-      exit_agreement=agreement,
-      exit_agreement_target=settings.exit_agreement_target),
-                                  progress_bar=not quiet, desc=label)
-  return module, params, history, time.perf_counter() - start
-
-
 def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
   """(config, seed, agreement) of every training run: each configuration
-  at the first seed; the shared ones at every seed, with and without the
-  agreement term."""
+  at the first seed; the shared ones of `sweep_configs` at every seed, with
+  the paper's loss and with each agreement weight."""
   runs = [(name, settings.seeds[0], 0.0) for name in settings.configs]
   for name in settings.configs:
-    if CONFIGS[name][1] > 1:
+    if CONFIGS[name][1] > 1 and name in settings.sweep_configs:
       runs += [(name, seed, 0.0) for seed in settings.seeds[1:]]
-      if settings.exit_agreement:
-        runs += [(name, seed, settings.exit_agreement)
-                 for seed in settings.seeds]
+      runs += [(name, seed, agreement)
+               for agreement in settings.exit_agreements if agreement
+               for seed in settings.seeds]
   return runs
 
 
+def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
+              vocab_size: int, out_dir: str, data_dir: str, which: str,
+              progress: common.Progress, quiet: bool):
+  """(module, params, training record) of one run (`paper_table_train`)."""
+  recipe = trainer.Recipe(
+      steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
+      exit_agreement=agreement,
+      exit_agreement_target=settings.exit_agreement_target)
+  batches = lambda: _batches('train', settings, settings.batch_size,
+                             pack=True, shuffle=True,
+                             seed=seed).as_numpy_iterator()
+  return paper_table_train.trained_run(
+      name, model_config(name, settings, vocab_size), recipe, which, out_dir,
+      data_dir, TASK, batches, settings.lengths, settings.batch_size,
+      progress, quiet)
+
+
 def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
-        quiet: bool = False) -> Dict[str, Any]:
-  """Builds the data, trains, evaluates and times; returns the results."""
+        quiet: bool = False, which: str = 'library') -> Dict[str, Any]:
+  """Builds the data, trains (with the `which` trainer, or reads back runs
+  trained earlier), evaluates and times; returns the results."""
   runs = runs_of(settings)
   progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
   data_dir = prepare_data(out_dir, settings, data_dir, progress.log)
@@ -282,14 +290,17 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
   fast = slice(0, settings.latency_prompts)
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
              'cpu': common.cpu_model(), 'devices': jax.device_count(),
-             'runs': []}
+             'trainer': which, 'runs': []}
   trained = {}
   for name, seed, agreement in runs:
-    module, params, history, seconds = train_config(
-        name, settings, seed, agreement, vocab.vocab_size, progress, quiet)
+    module, params, record = train_run(
+        name, seed, agreement, settings, vocab.vocab_size, out_dir, data_dir,
+        which, progress, quiet)
     progress.log(f'evaluating {name} seed {seed}')
     row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
-           'train_seconds': seconds, 'final_train': history[-1],
+           'train_seconds': record['train_seconds'],
+           'trained_earlier': record['cached'],
+           'final_train': record['history'][-1],
            **evaluate(module, params, settings, prompts, lengths, refs,
                       vocab)}
     if CONFIGS[name][1] > 1:
@@ -326,6 +337,10 @@ def _flags(argv):
                       'of the gettext set.')
   parser.add_argument('--configs', default=','.join(defaults.configs),
                       help=f'comma-separated, of {sorted(CONFIGS)}.')
+  parser.add_argument('--sweep_configs',
+                      default=','.join(defaults.sweep_configs),
+                      help='the shared configs trained at every seed and '
+                      'agreement weight.')
   for field in ('width', 'steps', 'batch_size', 'test_examples',
                 'latency_prompts', 'repeats', 'replay_width'):
     parser.add_argument(f'--{field}', type=int,
@@ -334,29 +349,40 @@ def _flags(argv):
                       default=defaults.learning_rate)
   parser.add_argument('--seeds', default=','.join(map(str, defaults.seeds)),
                       help='comma-separated training seeds.')
-  parser.add_argument('--exit_agreement', type=float,
-                      default=defaults.exit_agreement,
-                      help='lambda of the agreement runs; 0 skips them.')
+  parser.add_argument('--exit_agreement',
+                      default=','.join(f'{a:g}' for a in
+                                       defaults.exit_agreements),
+                      help='comma-separated lambdas of the agreement runs; '
+                      '0 alone skips them.')
   parser.add_argument('--exit_agreement_target',
                       default=defaults.exit_agreement_target,
                       choices=('distribution', 'argmax'))
   parser.add_argument('--tiny', action='store_true',
                       help='a smoke run at toy size (its figures mean '
                       'nothing); other size flags are ignored.')
+  parser.add_argument('--trainer', default='library',
+                      choices=paper_table_train.TRAINERS,
+                      help="the tools' optax trainer, or stock t5x.train "
+                      '(T5X installed): the same recipe and results.')
   common.add_quiet_flag(parser)
   args = parser.parse_args(argv)
   configs = tuple(c for c in args.configs.split(',') if c)
-  unknown = sorted(set(configs) - set(CONFIGS))
-  if unknown:
-    parser.error(f'--configs: unknown {unknown}; choose from '
-                 f'{sorted(CONFIGS)}.')
+  sweep_configs = tuple(c for c in args.sweep_configs.split(',') if c)
+  for flag, names in (('--configs', configs),
+                      ('--sweep_configs', sweep_configs)):
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown:
+      parser.error(f'{flag}: unknown {unknown}; choose from '
+                   f'{sorted(CONFIGS)}.')
   if args.tiny:
     settings = TINY
   else:
     settings = dataclasses.replace(
-        defaults, configs=configs,
+        defaults, configs=configs, sweep_configs=sweep_configs,
         seeds=tuple(int(s) for s in args.seeds.split(',')),
-        learning_rate=args.learning_rate, exit_agreement=args.exit_agreement,
+        learning_rate=args.learning_rate,
+        exit_agreements=tuple(float(a) for a in
+                              args.exit_agreement.split(',') if a),
         exit_agreement_target=args.exit_agreement_target,
         **{f: getattr(args, f) for f in (
             'width', 'steps', 'batch_size', 'test_examples',
@@ -367,7 +393,8 @@ def _flags(argv):
 def main(argv=None) -> int:
   args, settings = _flags(sys.argv[1:] if argv is None else argv)
   os.makedirs(args.out_dir, exist_ok=True)
-  results = run(settings, args.out_dir, args.data_dir, args.quiet)
+  results = run(settings, args.out_dir, args.data_dir, args.quiet,
+                args.trainer)
   paths = paper_table_report.write(results, args.out_dir)
   print(paper_table_report.markdown(results))
   print('Wrote ' + ', '.join(paths) + '.')

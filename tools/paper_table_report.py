@@ -15,7 +15,8 @@ def _conditions(results: Dict[str, Any]) -> str:
   s = results['settings']
   return (f'Width {s["width"]} (64-wide heads), {s["steps"]} steps of '
           f'{s["batch_size"]} packed sequences ({s["inputs_length"]} + '
-          f'{s["targets_length"]} tokens), AdamW peak {s["learning_rate"]:g}, '
+          f'{s["targets_length"]} tokens), AdamW peak {s["learning_rate"]:g} '
+          f'({results.get("trainer", "library")} trainer), '
           f'SentencePiece vocabulary {s["vocab_size"]}, float32, '
           f'{results["devices"]} CPU device(s) on {results["cpu"]}. Test BLEU '
           f'and chrF over the first {s["test_examples"]} test pairs; '
@@ -31,6 +32,11 @@ def _main_rows(results) -> List[Dict[str, Any]]:
   first = results['settings']['seeds'][0]
   return [row for row in results['runs']
           if row['seed'] == first and not row['exit_agreement']]
+
+
+def _mean_flip(row) -> float:
+  """The flip rate averaged over stages 2..R."""
+  return float(np.mean(row['consistency']['flip_rate'][1:]))
 
 
 def _agreement_groups(results) -> Dict[Tuple[str, float], List[Dict]]:
@@ -67,9 +73,10 @@ def markdown(results: Dict[str, Any]) -> str:
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):
     lines += ['### Exits trained to agree', '',
-              '| model | loss | seeds | flip rate % (stages 2..R) | SPEED '
-              'steps / token | BLEU | chrF | Base-width replay speedup |',
-              '| --- | --- | --- | --- | --- | --- | --- | --- |']
+              '| model | loss | seeds | flip rate % (stages 2..R) | mean '
+              'flip % | SPEED steps / token | BLEU | chrF | Base-width replay '
+              'speedup |',
+              '| --- | --- | --- | --- | --- | --- | --- | --- | --- |']
     for (name, agreement), rows in sorted(groups.items()):
       mean = lambda f: np.mean([f(r) for r in rows], 0)
       spread = lambda f: ', '.join(f'{f(r):.2f}' for r in rows)
@@ -77,20 +84,44 @@ def markdown(results: Dict[str, Any]) -> str:
       lines.append(
           f'| {name} | {loss} | {len(rows)} | '
           f'{_pct(mean(lambda r: r["consistency"]["flip_rate"][1:]))} | '
+          f'{100 * mean(_mean_flip):.1f} | '
           f'{mean(lambda r: r["speed"]["steps_per_token"]):.2f} | '
           f'{mean(lambda r: r["bleu"]):.1f} ({spread(lambda r: r["bleu"])}) |'
-          f' {mean(lambda r: r["chrf"]):.1f} | '
+          f' {mean(lambda r: r["chrf"]):.1f} ({spread(lambda r: r["chrf"])})'
+          ' | '
           f'{mean(lambda r: r["replay"]["speedup"]):.2f}x '
           f'({spread(lambda r: r["replay"]["speedup"])}) |')
     lines += ['', 'Means over seeds; per-seed values in parentheses.', '']
   return '\n'.join(lines)
 
 
+def _tradeoff(ax, groups):
+  """Quality against flips: a point per seed, the mean per λ, joined."""
+  for name in sorted({name for name, _ in groups}):
+    means = []
+    for agreement in sorted(a for n, a in groups if n == name):
+      rows = groups[(name, agreement)]
+      flips = [100 * _mean_flip(r) for r in rows]
+      bleu = [r['bleu'] for r in rows]
+      ax.scatter(flips, bleu, s=12, alpha=0.4, color='#2a7ab9')
+      means.append((np.mean(flips), np.mean(bleu), agreement))
+    ax.plot([m[0] for m in means], [m[1] for m in means], 'o-',
+            label=f'{name}, mean of seeds')
+    for x, y, agreement in means:
+      ax.annotate(f'λ={agreement:g}', (x, y), textcoords='offset points',
+                  xytext=(4, 4), fontsize=8)
+  ax.set_xlabel('mean flip rate over stages 2..R, % of test tokens')
+  ax.set_ylabel('test BLEU (final exit)')
+  ax.set_title('Agreement weight: flips vs quality')
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3)
+
+
 def _plot(results: Dict[str, Any], path: str):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
   lat = results['latency_ms_per_token']
   bars = left.bar(list(lat), list(lat.values()),
                   color=['#2a7ab9' if k.startswith('SPEED') else '#999999'
@@ -99,17 +130,22 @@ def _plot(results: Dict[str, Any], path: str):
   left.set_ylabel('ms per token (batch 1)')
   left.set_title('Decoding latency, trained models')
   left.tick_params(axis='x', rotation=30)
-  for (name, agreement), rows in sorted(_agreement_groups(results).items()):
+  groups = _agreement_groups(results)
+  for (name, agreement), rows in sorted(groups.items()):
     flips = np.mean([r['consistency']['flip_rate'][1:] for r in rows], 0)
     stages = np.arange(2, len(flips) + 2)
-    right.plot(stages, 100 * flips, 'o-' if agreement else 's--',
-               label=f'{name}, ' + (f'agreement {agreement:g}' if agreement
-                                    else 'paper loss'))
-  right.set_xlabel('stage')
-  right.set_ylabel('flip rate, % of test tokens')
-  right.set_title('Exit flips: paper loss vs agreement')
-  right.legend(fontsize=8)
-  right.grid(alpha=0.3)
+    middle.plot(stages, 100 * flips, 'o-' if agreement else 's--',
+                label=f'{name}, ' + (f'agreement {agreement:g}' if agreement
+                                     else 'paper loss'))
+  middle.set_xticks(range(2, 1 + max(
+      (len(r[0]['consistency']['flip_rate']) for r in groups.values()),
+      default=2)))
+  middle.set_xlabel('stage')
+  middle.set_ylabel('flip rate, % of test tokens')
+  middle.set_title('Exit flips: paper loss vs agreement')
+  middle.legend(fontsize=8)
+  middle.grid(alpha=0.3)
+  _tradeoff(right, groups)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

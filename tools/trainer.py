@@ -8,7 +8,7 @@ tenth of the steps and cosine decay to a twentieth of the peak rate.
 """
 
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,8 @@ import tqdm
 
 from t5x_speed import losses
 from t5x_speed import network
+
+WEIGHT_DECAY = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +46,13 @@ def forward(module: network.SpeedTransformer, params, batch,
 
 
 def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
-          recipe: Recipe, progress_bar: bool = True, desc: str = 'training'
+          recipe: Recipe, progress_bar: bool = True, desc: str = 'training',
+          init_rng: Optional[jax.Array] = None
           ) -> Tuple[Any, List[Dict[str, float]]]:
   """Trains `module` on `batches`; returns (params, history).
 
+  The parameters are initialised from `init_rng`, by default
+  `PRNGKey(recipe.seed)`.
   The history has a record every `recipe.log_every` steps and at the last:
   the step, each exit's loss and accuracy, flip rates and, with the
   agreement term on, each early exit's A_i (all per target token).
@@ -56,14 +61,16 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
   agreement = losses.check_exit_agreement(recipe.exit_agreement,
                                           recipe.exit_agreement_target)
   first = next(batches)
-  params = module.init(jax.random.PRNGKey(recipe.seed),
+  if init_rng is None:
+    init_rng = jax.random.PRNGKey(recipe.seed)
+  params = module.init(init_rng,
                        first['decoder_input_tokens'][:1],
                        first['decoder_target_tokens'][:1],
                        enable_dropout=False)['params']
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, recipe.learning_rate, max(recipe.steps // 10, 1), recipe.steps,
       recipe.learning_rate / 20)
-  optimizer = optax.adamw(schedule, weight_decay=0.01)
+  optimizer = optax.adamw(schedule, weight_decay=WEIGHT_DECAY)
   opt_state = optimizer.init(params)
 
   @jax.jit

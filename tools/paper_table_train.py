@@ -1,0 +1,233 @@
+"""Training the paper table's runs: the tools' trainer or stock `t5x.train`.
+
+Both trainers get the same recipe and produce the same parameters (up to
+float rounding): the initial parameters from the key `t5x.train` draws from
+its `random_seed`, the same seqio pipeline and shuffle seed, the loss per
+target token without z-loss, and optax's AdamW with the same schedule
+(wrapped by `t5x.optimizers` under T5X).
+
+Each run is kept in `<out_dir>/runs/<run name>/` (`params.msgpack`,
+`train.json`, and under T5X its model directory), keyed by everything that
+changes the trained model, so that an interrupted or extended table
+retrains only what is missing.
+"""
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+import flax.serialization
+import jax
+import numpy as np
+
+from t5x_speed import network
+from tools import common
+from tools import trainer
+
+TRAINERS = ('library', 't5x')
+# What t5x.train needs to see the table's task: it imports this module.
+_TASK_MODULE = '''"""Registers {task!r} for t5x.train (tools.paper_table)."""
+from t5x_speed import tasks
+
+tasks.register_translation_tsv_task({task!r}, {data_dir!r}, {spm!r})
+'''
+
+
+def t5x_init_rng(seed: int) -> jax.Array:
+  """The key `t5x.train` initialises parameters from, for `random_seed`."""
+  return jax.random.split(jax.random.PRNGKey(seed), 2)[0]
+
+
+def run_key(name: str, seed: int, agreement: float, which: str,
+            recipe: Dict[str, Any], data_dir: str) -> str:
+  """The directory name of one run: readable, plus a hash of everything else
+  that changes the trained model (recipe and data)."""
+  data = {f: os.path.getsize(os.path.join(data_dir, f))
+          for f in ('train.tsv', 'spm.model')}
+  digest = hashlib.sha256(json.dumps(
+      [recipe, os.path.abspath(data_dir), data], sort_keys=True).encode()
+                          ).hexdigest()[:10]
+  return f'{name}_seed{seed}_agree{agreement:g}_{which}_{digest}'
+
+
+def _save(run_dir: str, params, record: Dict[str, Any]):
+  with open(os.path.join(run_dir, 'params.msgpack'), 'wb') as f:
+    f.write(flax.serialization.msgpack_serialize(jax.device_get(params)))
+  with open(os.path.join(run_dir, 'train.json'), 'w') as f:
+    json.dump(record, f, indent=1)
+
+
+def _load(run_dir: str):
+  paths = [os.path.join(run_dir, f) for f in ('params.msgpack', 'train.json')]
+  if not all(os.path.exists(p) for p in paths):
+    return None
+  with open(paths[0], 'rb') as f:
+    params = flax.serialization.msgpack_restore(f.read())
+  with open(paths[1]) as f:
+    return params, json.load(f)
+
+
+def train_library(module: network.SpeedTransformer, batches, recipe:
+                  trainer.Recipe, quiet: bool, desc: str
+                  ) -> Tuple[Any, List[Dict[str, float]]]:
+  """The tools' trainer, initialised as `t5x.train` initialises."""
+  return trainer.train(module, batches, recipe, progress_bar=not quiet,
+                       desc=desc, init_rng=t5x_init_rng(recipe.seed))
+
+
+def t5x_gin(config: network.TransformerConfig, recipe: trainer.Recipe,
+            task: str, task_module: str, lengths: Dict[str, int],
+            batch_size: int, spm: str) -> str:
+  """The gin file of one run through stock `t5x.train`: the project's
+  decoder-only model and T5X's pretrain run, with the library trainer's
+  recipe."""
+  warmup = max(recipe.steps // 10, 1)
+  return '\n'.join([
+      '# Written by tools.paper_table: one run of the paper table through',
+      '# stock t5x.train, with the recipe of tools.trainer.',
+      'from __gin__ import dynamic_registration',
+      'import optax',
+      'import __main__ as train_script',
+      'from t5x import optimizers',
+      'from t5x import utils',
+      'from t5x_speed import network',
+      "include 't5x_speed/gin/models/decoder_only.gin'",
+      "include 't5x/configs/runs/pretrain.gin'",
+      f'NUM_UNIQUE_LAYERS = {config.num_unique_layers}',
+      f'NUM_REPEATS = {config.num_repeats}',
+      "ACTIVATION_DTYPE = 'float32'",
+      *[f'network.TransformerConfig.{f} = {getattr(config, f)}'
+        for f in ('vocab_size', 'emb_dim', 'num_heads', 'head_dim',
+                  'mlp_dim')],
+      'DROPOUT_RATE = 0.0',
+      f'SENTENCEPIECE_MODEL = {spm!r}',
+      f'MIXTURE_OR_TASK_NAME = {task!r}',
+      f'MIXTURE_OR_TASK_MODULE = {task_module!r}',
+      f'TASK_FEATURE_LENGTHS = {lengths!r}',
+      'USE_CACHED_TASKS = False',
+      f'TRAIN_STEPS = {recipe.steps}',
+      f'BATCH_SIZE = {batch_size}',
+      f'RANDOM_SEED = {recipe.seed}',
+      f'train/utils.DatasetConfig.seed = {recipe.seed}',
+      # The tools' trainer: loss per target token, no z-loss, AdamW.
+      'Z_LOSS = 0.0',
+      "LOSS_NORMALIZING_FACTOR = 'NUM_REAL_TARGET_TOKENS'",
+      f'EXIT_WEIGHTING = {recipe.exit_weighting!r}',
+      f'EXIT_AGREEMENT = {recipe.exit_agreement!r}',
+      f'EXIT_AGREEMENT_TARGET = {recipe.exit_agreement_target!r}',
+      'OPTIMIZER = @optimizers.adamw()',
+      'optimizers.adamw.learning_rate = '
+      '@optax.warmup_cosine_decay_schedule()',
+      f'optimizers.adamw.weight_decay = {trainer.WEIGHT_DECAY}',
+      'optax.warmup_cosine_decay_schedule:',
+      '  init_value = 0.0',
+      f'  peak_value = {recipe.learning_rate!r}',
+      f'  warmup_steps = {warmup}',
+      f'  decay_steps = {recipe.steps}',
+      f'  end_value = {recipe.learning_rate / 20!r}',
+      'train_script.train.train_eval_dataset_cfg = None',
+      f'train_script.train.eval_period = {recipe.steps}',
+      f'utils.SaveCheckpointConfig.period = {recipe.steps}',
+      ''])
+
+
+def _exit_scalars(event_dir: str) -> Dict[int, Dict[str, float]]:
+  """{step: {tag: value}} of the per-exit scalars T5X wrote."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  out = {}
+  for path in sorted(tf.io.gfile.glob(os.path.join(event_dir, 'events.*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if not value.tag.startswith('exit_'):
+          continue
+        scalar = (value.simple_value if value.HasField('simple_value') else
+                  float(tf.make_ndarray(value.tensor)))
+        out.setdefault(int(event.step), {})[value.tag] = scalar
+  return out
+
+
+def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
+              run_dir: str, task: str, data_dir: str, lengths: Dict[str, int],
+              batch_size: int, quiet: bool
+              ) -> Tuple[Any, List[Dict[str, float]]]:
+  """Stock `python -m t5x.train` on the table's task; returns the trained
+  parameters of its last checkpoint and its last training metrics."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  spm = os.path.join(os.path.abspath(data_dir), 'spm.model')
+  module_name = 'paper_table_task'
+  with open(os.path.join(run_dir, module_name + '.py'), 'w') as f:
+    f.write(_TASK_MODULE.format(task=task, data_dir=os.path.abspath(data_dir),
+                                spm=spm))
+  gin_file = os.path.join(run_dir, 'train.gin')
+  with open(gin_file, 'w') as f:
+    f.write(t5x_gin(config, recipe, task, module_name, lengths, batch_size,
+                    spm))
+  model_dir = os.path.join(run_dir, 'model')
+  # One device, as the tools' trainer trains: a forced host device count
+  # would make T5X shard the model's heads.
+  xla_flags = re.sub(r'--xla_force_host_platform_device_count=\S*', '',
+                     os.environ.get('XLA_FLAGS', ''))
+  env = dict(os.environ, T5X_SPEED_VOCAB=spm, XLA_FLAGS=xla_flags,
+             PYTHONPATH=os.pathsep.join(
+                 [run_dir, os.environ.get('PYTHONPATH', '')]))
+  log_path = os.path.join(run_dir, 't5x_train.log')
+  with open(log_path, 'w') as log:
+    done = subprocess.run(
+        [sys.executable, '-m', 't5x.train', f'--gin_file={gin_file}',
+         f'--gin.MODEL_DIR={model_dir!r}', '--alsologtostderr'],
+        stdout=log, stderr=log if quiet else None, env=env, check=False)
+  if done.returncode:
+    raise RuntimeError(f't5x.train failed ({done.returncode}); its log: '
+                       f'{log_path}')
+  state = ocp.PyTreeCheckpointer().restore(os.path.join(
+      model_dir, f'checkpoint_{recipe.steps}', 'state'))
+  scalars = _exit_scalars(os.path.join(model_dir, 'train'))
+  record = {'step': recipe.steps, **dict(sorted(
+      scalars.get(recipe.steps, {}).items()))}
+  return jax.tree.map(np.asarray, state['target']), [record]
+
+
+def trained_run(name: str, config: network.TransformerConfig,
+                recipe: trainer.Recipe, which: str, out_dir: str,
+                data_dir: str, task: str, batches_fn, lengths, batch_size,
+                progress: common.Progress, quiet: bool
+                ) -> Tuple[network.SpeedTransformer, Any, Dict[str, Any]]:
+  """(module, params, {'history', 'train_seconds', 'trainer', 'cached'}) of
+  one run: trained by `which` ('library' or 't5x'), or read back from the
+  run directory when an earlier table trained it."""
+  if which not in TRAINERS:
+    raise ValueError(f'trainer must be one of {TRAINERS}, got {which!r}.')
+  module = network.SpeedTransformer(config)
+  key = run_key(name, recipe.seed, recipe.exit_agreement, which, {
+      'config': [config.num_unique_layers, config.num_repeats,
+                 config.emb_dim, config.mlp_dim, config.vocab_size],
+      'recipe': [recipe.steps, recipe.learning_rate, recipe.exit_weighting,
+                 recipe.exit_agreement_target], 'batch_size': batch_size,
+      'lengths': lengths}, data_dir)
+  run_dir = os.path.join(out_dir, 'runs', key)
+  label = f'{name} seed {recipe.seed}' + (
+      f' agreement {recipe.exit_agreement:g}' if recipe.exit_agreement
+      else '')
+  cached = _load(run_dir)
+  if cached is not None:
+    progress.log(f'{label}: trained earlier ({run_dir})')
+    params, record = cached
+    return module, params, {**record, 'cached': True}
+  os.makedirs(run_dir, exist_ok=True)
+  progress.log(f'training {label}: {recipe.steps} steps ({which} trainer)')
+  start = time.perf_counter()
+  if which == 'library':
+    params, history = train_library(module, batches_fn(), recipe, quiet,
+                                    label)
+  else:
+    params, history = train_t5x(config, recipe, run_dir, task, data_dir,
+                                lengths, batch_size, quiet)
+  record = {'history': history, 'train_seconds': time.perf_counter() - start,
+            'trainer': which}
+  _save(run_dir, params, record)
+  return module, params, {**record, 'cached': False}
