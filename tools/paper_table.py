@@ -19,7 +19,7 @@ and, on the test prompts one at a time (batch 1):
   kernel and XLA's dot): the speedup at real flip rates where weights
   dominate.
 Beyond the paper, the shared models are trained again with the exits'
-agreement term at each weight of `--exit_agreement` (a sweep of λ), over
+agreement term at each weight of `--exit_agreements` (a sweep of λ), over
 `--seeds`, next to the paper's loss over the same seeds: the trade-off
 between flips and quality.
 
@@ -30,7 +30,7 @@ see `tasks.register_translation_tsv_task`).
 
 Example:
   python -m tools.paper_table --out_dir paper_table_out
-  python -m tools.paper_table --trainer t5x --configs 2x3 --exit_agreement 0
+  python -m tools.paper_table --trainer t5x --configs 2x3 --exit_agreements 0
   python -m tools.paper_table --tiny --out_dir /tmp/t   # seconds: a smoke run
 """
 
@@ -261,25 +261,29 @@ def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
 
 
 def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
-              vocab_size: int, out_dir: str, data_dir: str, which: str,
+              vocab_size: int, out_dir: str, data_dir: str,
+              trainer_kind: str,
               progress: common.Progress, quiet: bool):
   """(module, params, training record) of one run (`paper_table_train`)."""
   recipe = trainer.Recipe(
       steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
       exit_agreement=agreement,
       exit_agreement_target=settings.exit_agreement_target)
-  batches = lambda: _batches('train', settings, settings.batch_size,
-                             pack=True, shuffle=True,
-                             seed=seed).as_numpy_iterator()
+
+  def batches():
+    return _batches('train', settings, settings.batch_size, pack=True,
+                    shuffle=True, seed=seed).as_numpy_iterator()
   return paper_table_train.trained_run(
-      name, model_config(name, settings, vocab_size), recipe, which, out_dir,
-      data_dir, TASK, batches, settings.lengths, settings.batch_size,
+      name, model_config(name, settings, vocab_size), recipe, trainer_kind,
+      out_dir, data_dir, TASK, batches, settings.lengths, settings.batch_size,
       progress, quiet)
 
 
 def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
-        quiet: bool = False, which: str = 'library') -> Dict[str, Any]:
-  """Builds the data, trains (with the `which` trainer, or reads back runs
+        quiet: bool = False, trainer_kind: str = 'library'
+        ) -> Dict[str, Any]:
+  """Builds the data, trains (with the `trainer_kind` trainer, or reads
+  back runs
   trained earlier), evaluates and times; returns the results."""
   runs = runs_of(settings)
   progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
@@ -290,12 +294,12 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
   fast = slice(0, settings.latency_prompts)
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
              'cpu': common.cpu_model(), 'devices': jax.device_count(),
-             'trainer': which, 'runs': []}
+             'trainer': trainer_kind, 'runs': []}
   trained = {}
   for name, seed, agreement in runs:
     module, params, record = train_run(
         name, seed, agreement, settings, vocab.vocab_size, out_dir, data_dir,
-        which, progress, quiet)
+        trainer_kind, progress, quiet)
     progress.log(f'evaluating {name} seed {seed}')
     row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
            'train_seconds': record['train_seconds'],
@@ -349,7 +353,7 @@ def _flags(argv):
                       default=defaults.learning_rate)
   parser.add_argument('--seeds', default=','.join(map(str, defaults.seeds)),
                       help='comma-separated training seeds.')
-  parser.add_argument('--exit_agreement',
+  parser.add_argument('--exit_agreements',
                       default=','.join(f'{a:g}' for a in
                                        defaults.exit_agreements),
                       help='comma-separated lambdas of the agreement runs; '
@@ -374,6 +378,11 @@ def _flags(argv):
     if unknown:
       parser.error(f'{flag}: unknown {unknown}; choose from '
                    f'{sorted(CONFIGS)}.')
+  unswept = [c for c in sweep_configs
+             if c not in configs or CONFIGS[c][1] == 1]
+  if unswept and not args.tiny:
+    parser.error(f'--sweep_configs: {unswept} are not shared configs of '
+                 f'--configs {args.configs}.')
   if args.tiny:
     settings = TINY
   else:
@@ -382,7 +391,7 @@ def _flags(argv):
         seeds=tuple(int(s) for s in args.seeds.split(',')),
         learning_rate=args.learning_rate,
         exit_agreements=tuple(float(a) for a in
-                              args.exit_agreement.split(',') if a),
+                              args.exit_agreements.split(',') if a),
         exit_agreement_target=args.exit_agreement_target,
         **{f: getattr(args, f) for f in (
             'width', 'steps', 'batch_size', 'test_examples',

@@ -98,15 +98,17 @@ def markdown(results: Dict[str, Any]) -> str:
 def _tradeoff(ax, groups):
   """Quality against flips: a point per seed, the mean per λ, joined."""
   for name in sorted({name for name, _ in groups}):
-    means = []
+    means, seeds = [], ([], [])
     for agreement in sorted(a for n, a in groups if n == name):
       rows = groups[(name, agreement)]
-      flips = [100 * _mean_flip(r) for r in rows]
-      bleu = [r['bleu'] for r in rows]
-      ax.scatter(flips, bleu, s=12, alpha=0.4, color='#2a7ab9')
-      means.append((np.mean(flips), np.mean(bleu), agreement))
-    ax.plot([m[0] for m in means], [m[1] for m in means], 'o-',
-            label=f'{name}, mean of seeds')
+      seeds[0].extend(100 * _mean_flip(r) for r in rows)
+      seeds[1].extend(r['bleu'] for r in rows)
+      means.append((np.mean([100 * _mean_flip(r) for r in rows]),
+                    np.mean([r['bleu'] for r in rows]), agreement))
+    line, = ax.plot([m[0] for m in means], [m[1] for m in means], 'o-',
+                    label=f'{name}, mean of seeds')
+    ax.scatter(*seeds, s=12, alpha=0.4, color=line.get_color(),
+               label=f'{name}, each seed')
     for x, y, agreement in means:
       ax.annotate(f'λ={agreement:g}', (x, y), textcoords='offset points',
                   xytext=(4, 4), fontsize=8)

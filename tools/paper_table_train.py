@@ -12,14 +12,16 @@ changes the trained model, so that an interrupted or extended table
 retrains only what is missing.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import flax.serialization
 import jax
@@ -30,6 +32,9 @@ from tools import common
 from tools import trainer
 
 TRAINERS = ('library', 't5x')
+# Part of every run's key: raise it when a change to the trainers' code
+# changes what they train, so that runs kept from before are not reused.
+RECIPE_VERSION = 1
 # What t5x.train needs to see the table's task: it imports this module.
 _TASK_MODULE = '''"""Registers {task!r} for t5x.train (tools.paper_table)."""
 from t5x_speed import tasks
@@ -43,23 +48,49 @@ def t5x_init_rng(seed: int) -> jax.Array:
   return jax.random.split(jax.random.PRNGKey(seed), 2)[0]
 
 
-def run_key(name: str, seed: int, agreement: float, which: str,
-            recipe: Dict[str, Any], data_dir: str) -> str:
+def _file_digest(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def run_key(name: str, config: network.TransformerConfig,
+            recipe: trainer.Recipe, trainer_kind: str, batch_size: int,
+            lengths: Dict[str, int], data_dir: str) -> str:
   """The directory name of one run: readable, plus a hash of everything else
-  that changes the trained model (recipe and data)."""
-  data = {f: os.path.getsize(os.path.join(data_dir, f))
-          for f in ('train.tsv', 'spm.model')}
-  digest = hashlib.sha256(json.dumps(
-      [recipe, os.path.abspath(data_dir), data], sort_keys=True).encode()
-                          ).hexdigest()[:10]
-  return f'{name}_seed{seed}_agree{agreement:g}_{which}_{digest}'
+  that changes the trained model (architecture, recipe, batches and the
+  contents of the training data and vocabulary)."""
+  training = dataclasses.asdict(recipe)
+  del training['log_every']
+  if not recipe.exit_agreement:
+    del training['exit_agreement_target']
+  digest = hashlib.sha256(json.dumps({
+      'config': dataclasses.asdict(config), 'recipe': training,
+      'weight_decay': trainer.WEIGHT_DECAY, 'version': RECIPE_VERSION,
+      'batch_size': batch_size, 'lengths': lengths,
+      'data': [_file_digest(os.path.join(data_dir, f))
+               for f in ('train.tsv', 'spm.model')]},
+                                     sort_keys=True, default=str).encode())
+  return (f'{name}_seed{recipe.seed}_agree{recipe.exit_agreement:g}_'
+          f'{trainer_kind}_{digest.hexdigest()[:10]}')
+
+
+def _write_atomically(path: str, data: bytes):
+  with open(path + '.tmp', 'wb') as f:
+    f.write(data)
+  os.replace(path + '.tmp', path)
 
 
 def _save(run_dir: str, params, record: Dict[str, Any]):
-  with open(os.path.join(run_dir, 'params.msgpack'), 'wb') as f:
-    f.write(flax.serialization.msgpack_serialize(jax.device_get(params)))
-  with open(os.path.join(run_dir, 'train.json'), 'w') as f:
-    json.dump(record, f, indent=1)
+  """Parameters first, the record last: a run is complete once its record
+  exists."""
+  _write_atomically(os.path.join(run_dir, 'params.msgpack'),
+                    flax.serialization.msgpack_serialize(
+                        jax.device_get(params)))
+  _write_atomically(os.path.join(run_dir, 'train.json'),
+                    json.dumps(record, indent=1).encode())
 
 
 def _load(run_dir: str):
@@ -131,7 +162,6 @@ def t5x_gin(config: network.TransformerConfig, recipe: trainer.Recipe,
       f'  decay_steps = {recipe.steps}',
       f'  end_value = {recipe.learning_rate / 20!r}',
       'train_script.train.train_eval_dataset_cfg = None',
-      f'train_script.train.eval_period = {recipe.steps}',
       f'utils.SaveCheckpointConfig.period = {recipe.steps}',
       ''])
 
@@ -153,10 +183,12 @@ def _exit_scalars(event_dir: str) -> Dict[int, Dict[str, float]]:
 
 def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
               run_dir: str, task: str, data_dir: str, lengths: Dict[str, int],
-              batch_size: int, quiet: bool
+              batch_size: int, progress: common.Progress
               ) -> Tuple[Any, List[Dict[str, float]]]:
   """Stock `python -m t5x.train` on the table's task; returns the trained
-  parameters of its last checkpoint and its last training metrics."""
+  parameters of its last checkpoint and the per-exit training metrics T5X
+  wrote last (averages over its summary period, which here is the whole
+  run: the tools' trainer records single steps)."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   spm = os.path.join(os.path.abspath(data_dir), 'spm.model')
   module_name = 'paper_table_task'
@@ -168,6 +200,9 @@ def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
     f.write(t5x_gin(config, recipe, task, module_name, lengths, batch_size,
                     spm))
   model_dir = os.path.join(run_dir, 'model')
+  # T5X would resume from what an interrupted run left (its first
+  # checkpoint, or an emergency one) but read the data from the start.
+  shutil.rmtree(model_dir, ignore_errors=True)
   # One device, as the tools' trainer trains: a forced host device count
   # would make T5X shard the model's heads.
   xla_flags = re.sub(r'--xla_force_host_platform_device_count=\S*', '',
@@ -176,39 +211,42 @@ def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
              PYTHONPATH=os.pathsep.join(
                  [run_dir, os.environ.get('PYTHONPATH', '')]))
   log_path = os.path.join(run_dir, 't5x_train.log')
+  progress.log(f't5x.train: {gin_file}; its log: {log_path}')
   with open(log_path, 'w') as log:
     done = subprocess.run(
         [sys.executable, '-m', 't5x.train', f'--gin_file={gin_file}',
          f'--gin.MODEL_DIR={model_dir!r}', '--alsologtostderr'],
-        stdout=log, stderr=log if quiet else None, env=env, check=False)
+        stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
   if done.returncode:
-    raise RuntimeError(f't5x.train failed ({done.returncode}); its log: '
-                       f'{log_path}')
+    with open(log_path) as f:
+      tail = ''.join(f.readlines()[-30:])
+    raise RuntimeError(f't5x.train failed ({done.returncode}); the end of '
+                       f'{log_path}:\n{tail}')
   state = ocp.PyTreeCheckpointer().restore(os.path.join(
       model_dir, f'checkpoint_{recipe.steps}', 'state'))
   scalars = _exit_scalars(os.path.join(model_dir, 'train'))
-  record = {'step': recipe.steps, **dict(sorted(
-      scalars.get(recipe.steps, {}).items()))}
+  last = max(scalars, default=0)
+  record = {'step': last, **dict(sorted(scalars.get(last, {}).items()))}
   return jax.tree.map(np.asarray, state['target']), [record]
 
 
 def trained_run(name: str, config: network.TransformerConfig,
-                recipe: trainer.Recipe, which: str, out_dir: str,
-                data_dir: str, task: str, batches_fn, lengths, batch_size,
+                recipe: trainer.Recipe, trainer_kind: str, out_dir: str,
+                data_dir: str, task: str,
+                batches_fn: Callable[[], Iterator[Dict[str, np.ndarray]]],
+                lengths: Dict[str, int], batch_size: int,
                 progress: common.Progress, quiet: bool
                 ) -> Tuple[network.SpeedTransformer, Any, Dict[str, Any]]:
   """(module, params, {'history', 'train_seconds', 'trainer', 'cached'}) of
-  one run: trained by `which` ('library' or 't5x'), or read back from the
-  run directory when an earlier table trained it."""
-  if which not in TRAINERS:
-    raise ValueError(f'trainer must be one of {TRAINERS}, got {which!r}.')
+  one run: trained by `trainer_kind` ('library' or 't5x') on `batches_fn()`
+  (the library) or on `task` (T5X), or read back from the run directory
+  when an earlier table trained it."""
+  if trainer_kind not in TRAINERS:
+    raise ValueError(f'trainer must be one of {TRAINERS}, got '
+                     f'{trainer_kind!r}.')
   module = network.SpeedTransformer(config)
-  key = run_key(name, recipe.seed, recipe.exit_agreement, which, {
-      'config': [config.num_unique_layers, config.num_repeats,
-                 config.emb_dim, config.mlp_dim, config.vocab_size],
-      'recipe': [recipe.steps, recipe.learning_rate, recipe.exit_weighting,
-                 recipe.exit_agreement_target], 'batch_size': batch_size,
-      'lengths': lengths}, data_dir)
+  key = run_key(name, config, recipe, trainer_kind, batch_size, lengths,
+                data_dir)
   run_dir = os.path.join(out_dir, 'runs', key)
   label = f'{name} seed {recipe.seed}' + (
       f' agreement {recipe.exit_agreement:g}' if recipe.exit_agreement
@@ -219,15 +257,16 @@ def trained_run(name: str, config: network.TransformerConfig,
     params, record = cached
     return module, params, {**record, 'cached': True}
   os.makedirs(run_dir, exist_ok=True)
-  progress.log(f'training {label}: {recipe.steps} steps ({which} trainer)')
+  progress.log(f'training {label}: {recipe.steps} steps ({trainer_kind} '
+               'trainer)')
   start = time.perf_counter()
-  if which == 'library':
+  if trainer_kind == 'library':
     params, history = train_library(module, batches_fn(), recipe, quiet,
                                     label)
   else:
     params, history = train_t5x(config, recipe, run_dir, task, data_dir,
-                                lengths, batch_size, quiet)
+                                lengths, batch_size, progress)
   record = {'history': history, 'train_seconds': time.perf_counter() - start,
-            'trainer': which}
+            'trainer': trainer_kind}
   _save(run_dir, params, record)
   return module, params, {**record, 'cached': False}
