@@ -87,8 +87,9 @@ sample-bench: install kernel
 	$(BIN)/python -m tools.sample_bench $(SAMPLE_BENCH_ARGS)
 
 # The paper's comparison on real data (docs/real_data.md): builds the gettext
-# English-French set into paper_table_out/data once, trains, decodes, replays;
-# e.g. PAPER_TABLE_ARGS="--data_dir /data/my_tsvs" or "--tiny".
+# English-French set into paper_table_out/data once, trains (runs kept in
+# paper_table_out/runs), decodes, replays; about 85 min on 2 cores; e.g.
+# PAPER_TABLE_ARGS="--trainer t5x", "--data_dir /data/my_tsvs" or "--tiny".
 paper-table: install kernel
 	$(BIN)/python -m tools.paper_table $(PAPER_TABLE_ARGS)
 

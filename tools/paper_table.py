@@ -300,7 +300,9 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
     module, params, record = train_run(
         name, seed, agreement, settings, vocab.vocab_size, out_dir, data_dir,
         trainer_kind, progress, quiet)
-    progress.log(f'evaluating {name} seed {seed}')
+    label = f'{name} seed {seed}' + (f' agreement {agreement:g}'
+                                     if agreement else '')
+    progress.log(f'evaluating {label}')
     row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
            'train_seconds': record['train_seconds'],
            'trained_earlier': record['cached'],
@@ -308,7 +310,7 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
            **evaluate(module, params, settings, prompts, lengths, refs,
                       vocab)}
     if CONFIGS[name][1] > 1:
-      progress.log(f'replaying {name} seed {seed} at width '
+      progress.log(f'replaying {label} at width '
                    f'{settings.replay_width}')
       row['replay'] = replay_speedup(module, params, prompts[fast],
                                      lengths[fast], settings)
