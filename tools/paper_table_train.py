@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -205,8 +204,9 @@ def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
   shutil.rmtree(model_dir, ignore_errors=True)
   # One device, as the tools' trainer trains: a forced host device count
   # would make T5X shard the model's heads.
-  xla_flags = re.sub(r'--xla_force_host_platform_device_count=\S*', '',
-                     os.environ.get('XLA_FLAGS', ''))
+  xla_flags = ' '.join(
+      flag for flag in os.environ.get('XLA_FLAGS', '').split()
+      if not flag.startswith('--xla_force_host_platform_device_count='))
   env = dict(os.environ, T5X_SPEED_VOCAB=spm, XLA_FLAGS=xla_flags,
              PYTHONPATH=os.pathsep.join(
                  [run_dir, os.environ.get('PYTHONPATH', '')]))
