@@ -262,8 +262,7 @@ def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
 
 def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
               vocab_size: int, out_dir: str, data_dir: str,
-              trainer_kind: str,
-              progress: common.Progress, quiet: bool):
+              trainer_kind: str, progress: common.Progress, quiet: bool):
   """(module, params, training record) of one run (`paper_table_train`)."""
   recipe = trainer.Recipe(
       steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
@@ -283,8 +282,7 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
         quiet: bool = False, trainer_kind: str = 'library'
         ) -> Dict[str, Any]:
   """Builds the data, trains (with the `trainer_kind` trainer, or reads
-  back runs
-  trained earlier), evaluates and times; returns the results."""
+  back runs trained earlier), evaluates and times; returns the results."""
   runs = runs_of(settings)
   progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
   data_dir = prepare_data(out_dir, settings, data_dir, progress.log)
@@ -300,8 +298,7 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
     module, params, record = train_run(
         name, seed, agreement, settings, vocab.vocab_size, out_dir, data_dir,
         trainer_kind, progress, quiet)
-    label = f'{name} seed {seed}' + (f' agreement {agreement:g}'
-                                     if agreement else '')
+    label = paper_table_train.run_label(name, seed, agreement)
     progress.log(f'evaluating {label}')
     row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
            'train_seconds': record['train_seconds'],

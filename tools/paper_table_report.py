@@ -101,10 +101,11 @@ def _tradeoff(ax, groups):
     means, seeds = [], ([], [])
     for agreement in sorted(a for n, a in groups if n == name):
       rows = groups[(name, agreement)]
-      seeds[0].extend(100 * _mean_flip(r) for r in rows)
-      seeds[1].extend(r['bleu'] for r in rows)
-      means.append((np.mean([100 * _mean_flip(r) for r in rows]),
-                    np.mean([r['bleu'] for r in rows]), agreement))
+      flips = [100 * _mean_flip(r) for r in rows]
+      bleu = [r['bleu'] for r in rows]
+      seeds[0].extend(flips)
+      seeds[1].extend(bleu)
+      means.append((np.mean(flips), np.mean(bleu), agreement))
     line, = ax.plot([m[0] for m in means], [m[1] for m in means], 'o-',
                     label=f'{name}, mean of seeds')
     ax.scatter(*seeds, s=12, alpha=0.4, color=line.get_color(),

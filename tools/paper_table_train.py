@@ -42,6 +42,12 @@ tasks.register_translation_tsv_task({task!r}, {data_dir!r}, {spm!r})
 '''
 
 
+def run_label(name: str, seed: int, agreement: float) -> str:
+  """How progress names a run: '2x3 seed 1 agreement 0.3'."""
+  return f'{name} seed {seed}' + (f' agreement {agreement:g}' if agreement
+                                  else '')
+
+
 def t5x_init_rng(seed: int) -> jax.Array:
   """The key `t5x.train` initialises parameters from, for `random_seed`."""
   return jax.random.split(jax.random.PRNGKey(seed), 2)[0]
@@ -116,7 +122,6 @@ def t5x_gin(config: network.TransformerConfig, recipe: trainer.Recipe,
   """The gin file of one run through stock `t5x.train`: the project's
   decoder-only model and T5X's pretrain run, with the library trainer's
   recipe."""
-  warmup = max(recipe.steps // 10, 1)
   return '\n'.join([
       '# Written by tools.paper_table: one run of the paper table through',
       '# stock t5x.train, with the recipe of tools.trainer.',
@@ -155,11 +160,8 @@ def t5x_gin(config: network.TransformerConfig, recipe: trainer.Recipe,
       '@optax.warmup_cosine_decay_schedule()',
       f'optimizers.adamw.weight_decay = {trainer.WEIGHT_DECAY}',
       'optax.warmup_cosine_decay_schedule:',
-      '  init_value = 0.0',
-      f'  peak_value = {recipe.learning_rate!r}',
-      f'  warmup_steps = {warmup}',
-      f'  decay_steps = {recipe.steps}',
-      f'  end_value = {recipe.learning_rate / 20!r}',
+      *[f'  {name} = {value!r}' for name, value in
+        trainer.schedule_settings(recipe).items()],
       'train_script.train.train_eval_dataset_cfg = None',
       f'utils.SaveCheckpointConfig.period = {recipe.steps}',
       ''])
@@ -248,9 +250,7 @@ def trained_run(name: str, config: network.TransformerConfig,
   key = run_key(name, config, recipe, trainer_kind, batch_size, lengths,
                 data_dir)
   run_dir = os.path.join(out_dir, 'runs', key)
-  label = f'{name} seed {recipe.seed}' + (
-      f' agreement {recipe.exit_agreement:g}' if recipe.exit_agreement
-      else '')
+  label = run_label(name, recipe.seed, recipe.exit_agreement)
   cached = _load(run_dir)
   if cached is not None:
     progress.log(f'{label}: trained earlier ({run_dir})')

@@ -35,6 +35,14 @@ class Recipe:
   log_every: int = 20                # steps between history records
 
 
+def schedule_settings(recipe: Recipe) -> Dict[str, float]:
+  """The arguments of optax's `warmup_cosine_decay_schedule` for `recipe`."""
+  return {'init_value': 0.0, 'peak_value': recipe.learning_rate,
+          'warmup_steps': max(recipe.steps // 10, 1),
+          'decay_steps': recipe.steps,
+          'end_value': recipe.learning_rate / 20}
+
+
 def forward(module: network.SpeedTransformer, params, batch,
             enable_dropout: bool = False, rngs=None) -> jax.Array:
   """Every exit's logits [R, batch, length, vocab] on a converted batch."""
@@ -52,10 +60,10 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
   """Trains `module` on `batches`; returns (params, history).
 
   The parameters are initialised from `init_rng`, by default
-  `PRNGKey(recipe.seed)`.
-  The history has a record every `recipe.log_every` steps and at the last:
-  the step, each exit's loss and accuracy, flip rates and, with the
-  agreement term on, each early exit's A_i (all per target token).
+  `PRNGKey(recipe.seed)`. The history has a record every
+  `recipe.log_every` steps and at the last: the step, each exit's loss and
+  accuracy, flip rates and, with the agreement term on, each early exit's
+  A_i (all per target token).
   `progress_bar` shows the steps, losses and flip rates on stderr.
   """
   agreement = losses.check_exit_agreement(recipe.exit_agreement,
@@ -67,9 +75,7 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
                        first['decoder_input_tokens'][:1],
                        first['decoder_target_tokens'][:1],
                        enable_dropout=False)['params']
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0, recipe.learning_rate, max(recipe.steps // 10, 1), recipe.steps,
-      recipe.learning_rate / 20)
+  schedule = optax.warmup_cosine_decay_schedule(**schedule_settings(recipe))
   optimizer = optax.adamw(schedule, weight_decay=WEIGHT_DECAY)
   opt_state = optimizer.init(params)
 
