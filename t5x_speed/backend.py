@@ -28,6 +28,14 @@ traced:
   would convert the whole operand to float32 and back. Their derivative is
   the plain gather's or scatter's.
 
+* How many rows SPEED speculates with (`resolve_max_speculative_rows`). A
+  SPEED step multiplies batch x R rows by each weight. While that is a few
+  rows the step costs about one weight read, as greedy's one row does; with
+  many rows the products, not the reads, set the time, and R rows per step
+  (plus the flushed ones) cost more than greedy's one. Beyond
+  `CPU_MAX_SPECULATIVE_ROWS` rows on CPU, SPEED's decode fns therefore
+  decode with the full-depth step, which gives the same tokens.
+
 The one context is `decode_step`, entered by
 `network.SpeedTransformer.decode_step` and `speed_step` with the numerics of
 the model's config: it is read while tracing, so a compiled decode step keeps
@@ -71,6 +79,12 @@ MATVEC_MAX_WEIGHT_ELEMENTS = 4 * 1024 * 1024
 _MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
               jnp.dtype(jnp.float16): jnp.dtype(jnp.uint16)}
 
+# Rows per step (batch x R) up to which SPEED's pipeline beats the
+# full-depth step on CPU with the few-row kernel: the kernel holds the
+# accumulators of up to 8 rows in registers while a weight streams through
+# once, and tools.bench measures the crossover (docs/performance.md).
+CPU_MAX_SPECULATIVE_ROWS = 8
+
 _log = logging.getLogger(__name__)
 
 
@@ -86,6 +100,28 @@ def check_kernel_threads(value: int, name: str = 'kernel_threads') -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < 0:
     raise ValueError(f'{name} must be an integer >= 0 (0: one per core), got '
                      f'{value!r}.')
+
+
+def resolve_max_speculative_rows(value) -> Optional[int]:
+  """SPEED's `max_speculative_rows` argument as a number of rows, or None.
+
+  Args:
+    value: 'auto' (`CPU_MAX_SPECULATIVE_ROWS` on a CPU backend; no limit on
+      others, where it has not been measured), None (no limit: always run
+      the pipeline) or an integer >= 1.
+
+  Raises:
+    ValueError: naming `max_speculative_rows`, for any other value.
+  """
+  if value is None:
+    return None
+  if isinstance(value, str) and value == 'auto':
+    return (CPU_MAX_SPECULATIVE_ROWS if jax.default_backend() == 'cpu'
+            else None)
+  if (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    raise ValueError("max_speculative_rows must be 'auto', None or an "
+                     f'integer >= 1, got {value!r}.')
+  return value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,7 @@ from typing import Any, Callable, Optional, Tuple
 import flax
 import jax
 
+from t5x_speed import backend
 from t5x_speed import decode_args
 from t5x_speed import sequential_loop
 from t5x_speed import speed_loop
@@ -281,9 +282,9 @@ def greedy_decode(inputs: Array,
   checked = sequential_loop.check_sequential(
       inputs, cache, tokens_to_logits, initial_index, max_decode_steps,
       eos_id, cache_offset)
-  sequences, scores = sequential_loop.sequential_loop(
+  final, scores = sequential_loop.sequential_loop(
       inputs, cache, tokens_to_logits, checked, ARGMAX)
-  return respond(DecodeResult(sequences=sequences[:, None, 1:],
+  return respond(DecodeResult(sequences=final.sequences[:, None, 1:],
                               scores=scores[:, None]))
 
 
@@ -304,7 +305,8 @@ def speed_decode(inputs: Array,
                  temperature: Any = 0.0,
                  topk: Any = 1,
                  topp: Any = 0.0,
-                 max_decode_steps_hard_limit: Optional[int] = None
+                 max_decode_steps_hard_limit: Optional[int] = None,
+                 max_speculative_rows: Any = 'auto'
                  ) -> Tuple[Array, Array]:
   """SPEED: speculative pipelined greedy decoding of a shared-exit model.
 
@@ -342,10 +344,16 @@ def speed_decode(inputs: Array,
   one flush (greedy: 5 full-depth steps). tests/test_decoding.py replays this
   table.
 
+  A batch whose step would multiply more than `max_speculative_rows` rows
+  (batch x R) decodes with the full-depth `tokens_to_logits` instead, one
+  token per loop step: the same tokens, faster at that size
+  (`backend.resolve_max_speculative_rows`).
+
   Args:
     inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
     cache: cache prefilled for positions < initial_index.
-    tokens_to_logits: unused; accepted so T5X can pass it.
+    tokens_to_logits: the full-depth step, as `greedy_decode` takes it, for
+      batches beyond `max_speculative_rows`; None always runs the pipeline.
     eos_id: end-of-sequence id, an integer or [batch] integers.
     num_decodes: must be 1.
     initial_index: [batch] prompt lengths, in [0, length); defaults to 0.
@@ -368,29 +376,32 @@ def speed_decode(inputs: Array,
     topk: T5X's top-k, likewise: 1 (or any at temperature 0).
     topp: T5X's top-p, likewise: 0 (or any at temperature 0).
     max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
+    max_speculative_rows: 'auto' (the backend's limit), None (always
+      pipeline) or the most rows (batch x R) a pipelined step may take.
 
   Returns:
     (decodes [batch, 1, length], scores [batch, 1]); the score of an invalid
     example (see the module docstring) is NaN. `decode` returns them as a
     `DecodeResult` with the `SpeedStats` (and the `SpeedSchedule` when asked
-    to record it).
+    to record it, which always runs the pipeline).
 
   Raises:
     ValueError: for bad arguments, see the module docstring; also when
       `num_stages` or `initial_carry` do not match `pipeline_step_fn`, and
       for sampling parameters (`check_greedy_params`).
   """
-  del tokens_to_logits, decode_rng
+  del decode_rng
   max_decode_steps = check_greedy_params(
       'speed_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
   decode_args.check_one_decode(num_decodes)
+  max_rows = backend.resolve_max_speculative_rows(max_speculative_rows)
   stages, initial_carry, checked = speed_loop.check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
       initial_index, max_decode_steps, eos_id, cache_offset)
-  final, scores = speed_loop.pipelined_loop(
-      inputs, cache, pipeline_step_fn, stages, initial_carry, checked, ARGMAX,
-      schedule_requested())
+  sequences, scores, stats, schedule = speed_loop.speed_or_sequential(
+      inputs, cache, pipeline_step_fn, tokens_to_logits, stages,
+      initial_carry, checked, ARGMAX, max_rows, schedule_requested())
   return respond(DecodeResult(
-      sequences=final.sequences[:, None, 1:], scores=scores[:, None],
-      stats=final.stats, schedule=final.schedule))
+      sequences=sequences[:, None, 1:], scores=scores[:, None],
+      stats=stats, schedule=schedule))

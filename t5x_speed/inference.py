@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import backend
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
@@ -53,6 +54,7 @@ DECODE_FNS = {'speed': decoding.speed_decode, 'greedy': decoding.greedy_decode,
               'sample': sampling.sample_decode}
 METHODS = tuple(DECODE_FNS)
 SAMPLING_METHODS = ('speed_sample', 'sample')
+PIPELINED_METHODS = ('speed', 'speed_sample')
 
 
 def check_finite(params: Any, name: str = 'params'):
@@ -127,17 +129,21 @@ def produced_tokens(decodes: Array, prompt_lengths: Array,
 
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
-    'record_schedule', 'speculative_vocab_size', 'topk'),
+    'record_schedule', 'speculative_vocab_size', 'topk',
+    'max_speculative_rows'),
                    compiler_options=COMPILER_OPTIONS)
 def _generate(module, params, prompts, prompt_lengths, temperature, topp,
               rng, *, max_decode_steps, method, eos_id, bidirectional,
-              record_schedule, speculative_vocab_size, topk) -> Generation:
+              record_schedule, speculative_vocab_size, topk,
+              max_speculative_rows) -> Generation:
   bound = steps.BoundSteps(module, params, speculative_vocab_size)
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional)
   decode_fn = DECODE_FNS[method]
   sampling_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
                        topp=topp) if method in SAMPLING_METHODS else {}
+  if method in PIPELINED_METHODS:
+    sampling_args['max_speculative_rows'] = max_speculative_rows
   result = decoding.decode(
       decode_fn, record_schedule=record_schedule,
       **bound.decode_fn_kwargs(decode_fn, inputs, cache, prompt_lengths),
@@ -164,6 +170,7 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
              bidirectional: bool = False,
              record_schedule: bool = False,
              speculative_vocab_size: Optional[int] = None,
+             max_speculative_rows: Any = 'auto',
              check_params: bool = False,
              temperature: Optional[float] = None,
              topk: Optional[int] = None,
@@ -191,6 +198,9 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     speculative_vocab_size: None, or an integer >= 1: SPEED's speculative
       exits score only this many first token ids (see
       `network.Decoder.speed_step`).
+    max_speculative_rows: SPEED methods only: 'auto', None or the most rows
+      (batch x R) a pipelined step takes; beyond it they decode with the
+      full-depth step, the same tokens (`decoding.speed_decode`).
     check_params: first check that `params` are finite (`check_finite`), a
       pass over the weights; non-finite weights otherwise give token 0
       repeated with NaN scores.
@@ -251,6 +261,7 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
     raise ValueError(f'eos_id must be an integer, got {eos_id!r}.')
   speculative_vocab_size = decode_args.check_speculative_vocab_size(
       speculative_vocab_size)
+  backend.resolve_max_speculative_rows(max_speculative_rows)  # checks it
   decoding.check_token_range(prompts, module.config.vocab_size,
                              prompt_lengths, name='prompts')
   if check_params:
@@ -268,4 +279,5 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
                    max_decode_steps=max_decode_steps, method=method, topk=topk,
                    eos_id=operator.index(eos_id), bidirectional=bidirectional,
                    record_schedule=record_schedule,
-                   speculative_vocab_size=speculative_vocab_size)
+                   speculative_vocab_size=speculative_vocab_size,
+                   max_speculative_rows=max_speculative_rows)

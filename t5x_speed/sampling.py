@@ -64,6 +64,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import backend
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import sequential_loop
@@ -259,8 +260,10 @@ def _per_example(stats: speed_loop.SpeedStats, batch: int,
   counters summed over its decodes, the invalid flags or-ed."""
   split = lambda x: x.reshape((batch, num_decodes) + x.shape[1:])
   summed = jax.tree.map(lambda x: split(x).sum(1), stats)
-  return summed.replace(invalid=lax.reduce(
-      split(stats.invalid), np.int32(0), lax.bitwise_or, (1,)))
+  return summed.replace(
+      invalid=lax.reduce(split(stats.invalid), np.int32(0), lax.bitwise_or,
+                         (1,)),
+      pipelined=split(stats.pipelined).max(1))
 
 
 @decoding.declare_decode_fn(pipelined=False)
@@ -325,9 +328,9 @@ def sample_decode(inputs: Array,
   x = _sampler_and_expand('sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs)
-  sequences, scores = sequential_loop.sequential_loop(
+  final, scores = sequential_loop.sequential_loop(
       x.inputs, x.cache, tokens_to_logits, x.checked, x.sampler)
-  sequences, scores = _sorted(sequences, scores, inputs.shape[0],
+  sequences, scores = _sorted(final.sequences, scores, inputs.shape[0],
                               num_decodes)
   return decoding.respond(decoding.DecodeResult(sequences=sequences,
                                                 scores=scores))
@@ -353,7 +356,8 @@ def speed_sample_decode(inputs: Array,
                         pipeline_step_fn: Optional[
                             speed_loop.PipelineStepFn] = None,
                         num_stages: Optional[int] = None,
-                        initial_carry: Optional[Array] = None
+                        initial_carry: Optional[Array] = None,
+                        max_speculative_rows: Any = 'auto'
                         ) -> Tuple[Array, Array]:
   """SPEED sampling: `sample_decode`'s output from SPEED's pipeline.
 
@@ -364,9 +368,11 @@ def speed_sample_decode(inputs: Array,
     inputs, cache, eos_id, decode_rng, num_decodes, temperature, topk, topp,
       cache_offset, initial_index, max_decode_steps,
       max_decode_steps_hard_limit, rescale_log_probs: as `sample_decode`.
-    tokens_to_logits: unused; accepted so T5X can pass it.
-    pipeline_step_fn, num_stages, initial_carry: as `decoding.speed_decode`
-      (`steps.BoundSteps.decode_fn_kwargs` supplies them).
+    tokens_to_logits, pipeline_step_fn, num_stages, initial_carry,
+      max_speculative_rows: as `decoding.speed_decode`
+      (`steps.BoundSteps.decode_fn_kwargs` supplies the first four); rows
+      are batch x num_decodes x R. A batch beyond `max_speculative_rows`
+      samples with `sample_decode`'s loop: the same samples.
 
   Returns:
     As `sample_decode`. `decoding.decode` returns them as a
@@ -378,10 +384,10 @@ def speed_sample_decode(inputs: Array,
   Raises:
     ValueError: as `sample_decode` and `decoding.speed_decode`.
   """
-  del tokens_to_logits
   decode_args.check_prng_key('decode_rng', decode_rng)
   max_decode_steps = decode_args.apply_hard_limit(
       max_decode_steps, max_decode_steps_hard_limit)
+  max_rows = backend.resolve_max_speculative_rows(max_speculative_rows)
   stages, initial_carry, checked = speed_loop.check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
       initial_index, max_decode_steps, eos_id, cache_offset,
@@ -389,13 +395,13 @@ def speed_sample_decode(inputs: Array,
   x = _sampler_and_expand('speed_sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs)
-  final, scores = speed_loop.pipelined_loop(
-      x.inputs, x.cache, pipeline_step_fn, stages,
-      x.repeat(initial_carry), x.checked, x.sampler,
+  sequences, scores, stats, schedule = speed_loop.speed_or_sequential(
+      x.inputs, x.cache, pipeline_step_fn, tokens_to_logits, stages,
+      x.repeat(initial_carry), x.checked, x.sampler, max_rows,
       decoding.schedule_requested())
-  sequences, scores = _sorted(final.sequences, scores, inputs.shape[0],
+  sequences, scores = _sorted(sequences, scores, inputs.shape[0],
                               num_decodes)
   return decoding.respond(decoding.DecodeResult(
       sequences=sequences, scores=scores,
-      stats=_per_example(final.stats, inputs.shape[0], num_decodes),
-      schedule=final.schedule))
+      stats=_per_example(stats, inputs.shape[0], num_decodes),
+      schedule=schedule))

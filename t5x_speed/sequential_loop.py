@@ -94,13 +94,15 @@ def check_sequential(inputs, cache, tokens_to_logits, initial_index,
 def sequential_loop(inputs: Array, cache: Any,
                     tokens_to_logits: TokensToLogitsFn,
                     checked: decode_args.Checked,
-                    rule: token_rules.TokenRule) -> Tuple[Array, Array]:
+                    rule: token_rules.TokenRule
+                    ) -> Tuple[GreedyState, Array]:
   """One full-depth token per loop step, chosen by `rule`.
 
   Returns:
-    (sequences [batch, length + 1] with BOS first, scores [batch]: the
-    summed log-probabilities of the produced tokens as `rule.log_prob`
-    gives them, NaN for an invalid example).
+    (the final `GreedyState`: its sequences [batch, length + 1] with BOS
+    first, cur_index - initial_index tokens produced per example; scores
+    [batch]: the summed log-probabilities of the produced tokens as
+    `rule.log_prob` gives them, NaN for an invalid example).
   """
   batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
@@ -138,4 +140,4 @@ def sequential_loop(inputs: Array, cache: Any,
       log_prob=jnp.zeros((batch,), jnp.float32), cache=cache,
       step=jnp.zeros((), jnp.int32)))
   invalid = (checked.invalid != 0) | ~final.ended
-  return final.sequences, jnp.where(invalid, jnp.nan, final.log_prob)
+  return final, jnp.where(invalid, jnp.nan, final.log_prob)

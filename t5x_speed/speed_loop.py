@@ -1,9 +1,16 @@
 """SPEED's pipelined decode loop, its statistics and its recorded schedule.
 
-`decoding.speed_decode` runs `pipelined_loop` with the argmax,
-`sampling.speed_sample_decode` with its position-keyed sampler; the loop is
-described in `decoding.speed_decode`'s docstring. Positions, limits and
-invalid examples follow the contract in `decoding`'s module docstring.
+`decoding.speed_decode` runs `speed_or_sequential` with the argmax,
+`sampling.speed_sample_decode` with its position-keyed sampler; the
+pipeline is described in `decoding.speed_decode`'s docstring. Positions,
+limits and invalid examples follow the contract in `decoding`'s module
+docstring.
+
+Where a step would multiply more rows (batch x R) than
+`max_speculative_rows`, `speed_or_sequential` runs the sequential loop with
+the same token rule instead: its output is the pipeline's, token for token,
+and at that size a full-depth step per token is faster (see
+`backend.max_speculative_rows`).
 """
 
 import dataclasses
@@ -40,6 +47,10 @@ class SpeedStats:
       token's prediction at the previous stage (always 0 at stage 0).
     invalid: [batch] 0 for a decoded example, else the `INVALID_*` flags
       saying why it produced nothing (traced bad inputs; see `decoding`).
+    pipelined: [batch] 1 where SPEED's pipeline decoded the example, 0 where
+      the batch was too large to speculate and the sequential loop did (one
+      full-depth step per token, no exits evaluated: flushes,
+      stage_evaluations and stage_flips are 0).
   """
 
   num_steps: Array
@@ -49,12 +60,26 @@ class SpeedStats:
   stage_evaluations: Array
   stage_flips: Array
   invalid: Array
+  pipelined: Array
 
   @classmethod
   def zeros(cls, batch: int, stages: int) -> 'SpeedStats':
     z = lambda *s: jnp.zeros(s, jnp.int32)
     return cls(z(batch), z(batch), z(batch), z(batch, stages),
-               z(batch, stages), z(batch, stages), z(batch))
+               z(batch, stages), z(batch, stages), z(batch),
+               jnp.ones((batch,), jnp.int32))
+
+  @classmethod
+  def sequential(cls, produced: Array, stages: int,
+                 invalid: Array) -> 'SpeedStats':
+    """Stats of examples the sequential loop decoded, `produced` [batch]
+    tokens each: one full-depth (all R stages) step per token."""
+    z = jnp.zeros((produced.shape[0], stages), jnp.int32)
+    produced = produced.astype(jnp.int32)
+    return cls(num_steps=produced, num_tokens=produced,
+               occupied_slots=produced * stages, flushes=z,
+               stage_evaluations=z, stage_flips=z, invalid=invalid,
+               pipelined=jnp.zeros_like(produced))
 
   @classmethod
   def from_aux(cls, aux_values: Mapping[str, Any],
@@ -64,15 +89,20 @@ class SpeedStats:
     `aux_values['speed/<field>']` holds one value per example (a list, as
     seqio and T5X's infer pass them, or an array with the examples first).
     Returns None where the aux holds no SPEED statistics (other decode fns).
+    Aux values written before `pipelined` existed count as pipelined.
     """
     if prefix + 'num_steps' not in aux_values:
       return None
+    values = dict(aux_values)
+    values.setdefault(prefix + 'pipelined',
+                      np.ones(len(values[prefix + 'num_steps']), np.int32))
     return cls(**{f.name: np.stack([np.asarray(v) for v in
-                                    aux_values[prefix + f.name]])
+                                    values[prefix + f.name]])
                   for f in dataclasses.fields(cls)})
 
   def summary(self) -> Dict[str, float]:
-    """Batch totals and rates as Python numbers (host side)."""
+    """Batch totals and rates as Python numbers (host side); a stage's flip
+    rate only where some example ran that stage in the pipeline."""
     s = jax.tree.map(lambda x: np.asarray(x, np.float64).sum(0), self)
     stages = s.flushes.shape[0]
     out = {
@@ -82,12 +112,14 @@ class SpeedStats:
         'occupancy': float(s.occupied_slots / max(s.num_steps * stages, 1)),
         'flushes': float(s.flushes.sum()),
         'invalid_examples': float(np.count_nonzero(np.asarray(self.invalid))),
+        'pipelined_examples': float(np.count_nonzero(
+            np.asarray(self.pipelined))),
     }
     for r in range(stages):
       out[f'flushes/stage_{r + 1}'] = float(s.flushes[r])
-      if r:
+      if r and s.stage_evaluations[r]:  # none where no example pipelined
         out[f'flip_rate/stage_{r + 1}'] = float(
-            s.stage_flips[r] / max(s.stage_evaluations[r], 1))
+            s.stage_flips[r] / s.stage_evaluations[r])
     return out
 
 
@@ -255,7 +287,8 @@ def pipelined_loop(inputs: Array, cache: Any,
         stage_evaluations=stats.stage_evaluations + valid,
         stage_flips=stats.stage_flips + (
             valid & (stage_ids > 0) & (preds != state.stage_last_preds)),
-        invalid=stats.invalid)
+        invalid=stats.invalid,
+        pipelined=stats.pipelined)
     schedule = state.schedule
     if schedule is not None:
       step = jnp.minimum(schedule.num_steps, max_steps - 1)
@@ -304,3 +337,46 @@ def pipelined_loop(inputs: Array, cache: Any,
   invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
   return (final.replace(stats=final.stats.replace(invalid=invalid)),
           jnp.where(invalid != 0, jnp.nan, final.log_prob))
+
+
+def speculates(rows: int, max_speculative_rows: Optional[int],
+               tokens_to_logits: Optional[Any], record_schedule: bool) -> bool:
+  """Whether a SPEED decode of `rows` rows (batch x R) runs the pipeline.
+
+  It does unless `rows` exceeds `max_speculative_rows` (None: no limit) and
+  a full-depth `tokens_to_logits` is there to decode sequentially; a
+  requested schedule always runs the pipeline (it records its steps).
+  """
+  return (max_speculative_rows is None or rows <= max_speculative_rows or
+          tokens_to_logits is None or record_schedule)
+
+
+def speed_or_sequential(
+    inputs: Array, cache: Any, pipeline_step_fn: PipelineStepFn,
+    tokens_to_logits: Optional[sequential_loop.TokensToLogitsFn],
+    stages: int, initial_carry: Array, checked: decode_args.Checked,
+    rule: token_rules.TokenRule, max_speculative_rows: Optional[int],
+    record_schedule: bool = False
+) -> Tuple[Array, Array, SpeedStats, Optional[SpeedSchedule]]:
+  """SPEED's pipeline, or the sequential loop where `speculates` says no.
+
+  Both choose every token by `rule` from the final exit's logits, so the
+  sequences are the same either way.
+
+  Returns:
+    (sequences [batch, length + 1] with BOS first, scores [batch] as
+    `pipelined_loop`'s, the `SpeedStats`, the `SpeedSchedule` or None).
+  """
+  rows = inputs.shape[0] * stages
+  if speculates(rows, max_speculative_rows, tokens_to_logits,
+                record_schedule):
+    final, scores = pipelined_loop(inputs, cache, pipeline_step_fn, stages,
+                                   initial_carry, checked, rule,
+                                   record_schedule)
+    return final.sequences, scores, final.stats, final.schedule
+  final, scores = sequential_loop.sequential_loop(
+      inputs, cache, tokens_to_logits, checked, rule)
+  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
+  produced = jnp.where(checked.done, 0, final.cur_index - checked.initial_index)
+  return (final.sequences, scores,
+          SpeedStats.sequential(produced, stages, invalid), None)

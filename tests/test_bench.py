@@ -125,10 +125,26 @@ class MarkdownTest(absltest.TestCase):
 
 class BenchRunTest(absltest.TestCase):
 
-  def test_quick_bench_on_a_tiny_model(self):
+  def test_quick_mode_times_greedy_and_speed(self):
+    args = bench.parser().parse_args(['--quick'])
+    self.assertEqual(set(bench_measure.method_configs(4, 3, args)),
+                     {'greedy', 'speed'})
+    # Beyond the CPU's max_speculative_rows the pipeline is timed too.
+    self.assertEqual(set(bench_measure.method_configs(4, 3, args, batch=4)),
+                     {'greedy', 'speed', 'speed_pipeline'})
+    self.assertEqual(bench_measure.replayed_method('speed_short_pipeline'),
+                     'speed_short')
+    self.assertEqual(bench_measure.replayed_method('greedy_12l_xla'),
+                     'greedy')
+    self.assertIsNone(bench_measure.max_speculative_rows('speed_pipeline'))
+    self.assertEqual(bench_measure.max_speculative_rows('speed'), 'auto')
+
+  def test_full_bench_on_a_tiny_model(self):
     # The recording model and the "Base" models are tiny (random 2x3 with the
     # demo's vocabulary; a width-32 stand-in for Base width): the bench's own
-    # path runs as a user runs it, from recording to bench.json.
+    # path runs as a user runs it, from recording to bench.json, with every
+    # method of a batch (4 x R = 12 rows) where SPEED decodes sequentially
+    # by default.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
     out = tempfile.mkdtemp()
     tiny = lambda g, r, dtype: helpers.tiny_config(  # pylint: disable=g-long-lambda
@@ -139,20 +155,24 @@ class BenchRunTest(absltest.TestCase):
                            return_value=source), \
          mock.patch.object(bench_measure, 'base_config', tiny), \
          contextlib.redirect_stderr(stderr):
-      self.assertEqual(bench.main(['--quick', '--repeats', '2', '--out',
-                                   out]), 0)
+      self.assertEqual(bench.main(
+          ['--configs', '4x3', '--batch_sizes', '4', '--lengths', 'short',
+           '--repeats', '2', '--speculative_vocab', '40', '--out', out]), 0)
     # Progress on stderr: the row group, each compile and timed pass, the
     # time left.
     progress = stderr.getvalue()
-    self.assertIn('row group 1/1: 4x3 batch 1 short', progress)
-    self.assertIn('4x3 batch 1 short: compiling speed', progress)
-    self.assertIn('4x3 batch 1 short: round 2/2: greedy', progress)
+    self.assertIn('row group 1/1: 4x3 batch 4 short', progress)
+    self.assertIn('4x3 batch 4 short: compiling speed_pipeline', progress)
+    self.assertIn('4x3 batch 4 short: round 2/2: greedy_12l', progress)
     self.assertIn('left, ', progress)
     with open(os.path.join(out, 'bench.json')) as f:
       (result,) = json.load(f)['results']
-    self.assertEqual((result['config'], result['batch']), ('4x3', 1))
+    self.assertEqual((result['config'], result['batch']), ('4x3', 4))
     rows = result['methods']
-    self.assertEqual(set(rows), {'greedy', 'speed'})
+    expected = {'greedy', 'speed', 'speed_pipeline', 'speed_short',
+                'speed_short_pipeline', 'greedy_g', 'greedy_12l'}
+    self.assertContainsSubset(expected, set(rows))
+    self.assertContainsSubset(set(rows), expected | {'t5x_sample'})
     self.assertLen(result['bandwidth_probes_gb_s'], 2)  # one per round
     self.assertGreater(min(result['bandwidth_probes_gb_s']), 0.1)
     for row in rows.values():
@@ -165,13 +185,19 @@ class BenchRunTest(absltest.TestCase):
       self.assertLessEqual(row['decode_seconds'], row['seconds'])
       self.assertAlmostEqual(row['decode_tokens_per_second'],
                              row['tokens'] / row['decode_seconds'])
-    # The replay takes exactly the recorded loop steps.
-    self.assertAlmostEqual(rows['speed']['steps_per_token'],
-                           result['replay']['steps_per_token'])
-    self.assertEqual(rows['greedy']['steps_per_token'], 1.0)
+      self.assertGreater(row['decode_vs_best_greedy'], 0.0)
+    # The pipelined replays take exactly the recorded loop steps; SPEED as
+    # users get it here decodes one full-depth step per token.
+    for method in ('speed_pipeline', 'speed_short_pipeline'):
+      self.assertTrue(rows[method]['pipelined'])
+      self.assertAlmostEqual(rows[method]['steps_per_token'],
+                             result['replay']['steps_per_token'])
+    for method in ('greedy', 'speed', 'speed_short'):
+      self.assertFalse(rows[method]['pipelined'])
+      self.assertEqual(rows[method]['steps_per_token'], 1.0)
     with open(os.path.join(out, 'bench.md')) as f:
       table = f.read()
-    self.assertIn('| 4x3 | 1 | short | speed |', table)
+    self.assertIn('| 4x3 | 4 | short | speed_pipeline |', table)
     self.assertIn('GB/s median', table)
 
 

@@ -3,6 +3,7 @@
 import doctest
 import functools
 import re
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import backend
 from t5x_speed import decoding
 from t5x_speed import inference
 from t5x_speed import steps
@@ -268,6 +270,76 @@ class ControlLogicTest(absltest.TestCase):
     self.assertEqual(int(stats.num_tokens[0]), 4)
     # No flushes: 4 tokens after R - 1 = 2 fill steps.
     self.assertEqual(int(stats.num_steps[0]), 6)
+
+
+class LargeBatchTest(absltest.TestCase):
+  """Beyond max_speculative_rows (batch x R) SPEED runs greedy's loop."""
+
+  TABLE = [[5, 6, 9, 8, 1, 0, 0, 0], [5, 6, 7, 8, 1, 0, 0, 0],
+           [5, 6, 7, 8, 1, 0, 0, 0]]
+
+  def setUp(self):
+    super().setUp()
+    step, to_logits, carry = toy_pipeline(self.TABLE)
+    batch = 4   # 12 rows: beyond the CPU's limit
+    self.kwargs = dict(
+        inputs=jnp.zeros((batch, 8), jnp.int32), cache=jnp.zeros((batch,)),
+        tokens_to_logits=to_logits, eos_id=1,
+        max_decode_steps=jnp.array([5, 2, 3, 5]))
+    self.pipeline = dict(pipeline_step_fn=step, num_stages=3,
+                         initial_carry=jnp.zeros((batch, 2, 1)))
+    self.greedy = decoding.decode(decoding.greedy_decode, **self.kwargs)
+
+  def _speed(self, **kwargs):
+    result = decoding.decode(decoding.speed_decode, **self.kwargs,
+                             **self.pipeline, **kwargs)
+    np.testing.assert_array_equal(result.sequences, self.greedy.sequences)
+    np.testing.assert_array_equal(result.scores, self.greedy.scores)
+    return result
+
+  def test_default_on_cpu_decodes_sequentially(self):
+    self.assertEqual(jax.default_backend(), 'cpu')
+    self.assertLess(backend.CPU_MAX_SPECULATIVE_ROWS, 12)
+    stats = self._speed().stats
+    produced = [5, 2, 3, 5]
+    self.assertEqual(stats.pipelined.tolist(), [0, 0, 0, 0])
+    self.assertEqual(stats.num_tokens.tolist(), produced)
+    self.assertEqual(stats.num_steps.tolist(), produced)
+    self.assertEqual(stats.occupied_slots.tolist(), [3 * p for p in produced])
+    self.assertEqual(stats.flushes.tolist(), [[0, 0, 0]] * 4)
+    self.assertEqual(stats.stage_evaluations.tolist(), [[0, 0, 0]] * 4)
+    self.assertEqual(stats.invalid.tolist(), [0, 0, 0, 0])
+    summary = stats.summary()
+    self.assertEqual(summary['pipelined_examples'], 0.0)
+    self.assertEqual(summary['steps_per_token'], 1.0)
+
+  def test_limits_and_the_schedule_choose_the_pipeline(self):
+    for rows, pipelined in ((None, 1), (12, 1), (11, 0), ('auto', 0)):
+      stats = self._speed(max_speculative_rows=rows).stats
+      self.assertEqual(stats.pipelined.tolist(), [pipelined] * 4, rows)
+      # Example 0 flushes once at stage 2 in the pipeline (TABLE).
+      self.assertEqual(int(stats.flushes[0].sum()), pipelined, rows)
+    result = self._speed(record_schedule=True)
+    self.assertEqual(result.stats.pipelined.tolist(), [1] * 4)
+    self.assertIsNotNone(result.schedule)
+    # Without a full-depth step there is nothing to fall back on.
+    kwargs = dict(self.kwargs, tokens_to_logits=None)
+    result = decoding.decode(decoding.speed_decode, **kwargs, **self.pipeline)
+    self.assertEqual(result.stats.pipelined.tolist(), [1] * 4)
+
+  def test_bad_limits_name_the_argument(self):
+    for bad in (0, -1, 'always', True, 2.0):
+      with self.assertRaisesRegex(ValueError, 'max_speculative_rows'):
+        decoding.speed_decode(**self.kwargs, **self.pipeline,
+                              max_speculative_rows=bad)
+
+  def test_backend_limits(self):
+    self.assertEqual(backend.resolve_max_speculative_rows('auto'),
+                     backend.CPU_MAX_SPECULATIVE_ROWS)
+    self.assertIsNone(backend.resolve_max_speculative_rows(None))
+    self.assertEqual(backend.resolve_max_speculative_rows(5), 5)
+    with mock.patch.object(jax, 'default_backend', return_value='gpu'):
+      self.assertIsNone(backend.resolve_max_speculative_rows('auto'))
 
 
 class BadInputTest(parameterized.TestCase):

@@ -257,6 +257,10 @@ class GinConfigTest(parameterized.TestCase):
     results = {}
     choices = {
         'speed': ['DECODING_FN = @decoding.speed_decode'],
+        # 3 examples x R = 6 rows: beyond the CPU's default limit, SPEED
+        # decodes with greedy's loop unless told to pipeline at any batch.
+        'speed_pipeline': ['DECODING_FN = @decoding.speed_decode',
+                           'decoding.speed_decode.max_speculative_rows = None'],
         'greedy': ['DECODING_FN = @decoding.greedy_decode'],
         't5x': ['DECODING_FN = @t5x.decoding.temperature_sample'],
     }
@@ -274,8 +278,12 @@ class GinConfigTest(parameterized.TestCase):
       model = self._model()
       if params is None:
         params = th.init_params(model, batch, seed=5)
-      results[name] = np.asarray(model.predict_batch(params, batch))
-    self.assertLen(results, 6)
+      decodes, aux = model.predict_batch_with_aux(params, batch)
+      results[name] = np.asarray(decodes)
+      if name.startswith('speed'):
+        np.testing.assert_array_equal(aux['speed/pipelined'],
+                                      [name == 'speed_pipeline'] * 3)
+    self.assertLen(results, 7)
     for name, decodes in results.items():
       np.testing.assert_array_equal(decodes, results['speed'], name)
 
@@ -311,7 +319,9 @@ class GinConfigTest(parameterized.TestCase):
 
   def test_speed_sampling_file_and_its_sequential_flag(self):
     batch = th.prefix_lm_batch(seed=3, batch=3, length=12)
-    settings = ['NUM_SAMPLES = 3', 'SAMPLE_TEMPERATURE = 0.8', TASK]
+    # The pipeline even at 3 examples x 3 samples x R = 6 rows.
+    settings = ['NUM_SAMPLES = 3', 'SAMPLE_TEMPERATURE = 0.8', TASK,
+                'sampling.speed_sample_decode.max_speculative_rows = None']
     decodes = {}
     for flag in ([], ['DECODING_FN = @sampling.sample_decode']):
       self._parse(GIN / 'models' / 'speed_base_2x6.gin',
@@ -329,6 +339,8 @@ class GinConfigTest(parameterized.TestCase):
       self.assertEqual(decodes[bool(flag)].shape, (3, 3, 12))
       self.assertTrue((np.diff(np.asarray(aux['scores']), axis=1) >= 0).all())
       self.assertEqual('speed/num_steps' in aux, not flag)
+      if not flag:
+        np.testing.assert_array_equal(aux['speed/pipelined'], [1, 1, 1])
     # SPEED sampling gives the sequential sampler's samples.
     np.testing.assert_array_equal(decodes[False], decodes[True])
     self.assertEqual(aux['scores'].shape, (3, 3))

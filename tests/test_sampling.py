@@ -47,15 +47,18 @@ def _batch(batch, seed):
 
 def _decoders(module, params, num_decodes, topk):
   """One jitted program over traced settings running both samplers,
-  returning `decoding.DecodeResult`s (sequential, SPEED)."""
+  returning `decoding.DecodeResult`s (sequential, SPEED). SPEED runs its
+  pipeline at every batch size (max_speculative_rows=None)."""
   bound = steps.BoundSteps(module, params)
 
   def run(fn, inputs, lengths, cache, rng, temperature, topp, eos, max_steps):
+    options = ({'max_speculative_rows': None}
+               if fn is sampling.speed_sample_decode else {})
     return decoding.decode(
         fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=eos,
         decode_rng=rng, temperature=temperature, topk=topk,
         topp=0.0 if topk else topp, num_decodes=num_decodes,
-        max_decode_steps=max_steps)
+        max_decode_steps=max_steps, **options)
 
   @jax.jit
   def both(inputs, lengths, *settings):
@@ -116,6 +119,8 @@ class SpeedSampleEqualsSampleTest(parameterized.TestCase):
         extra = {} if fn in greedy_fns else dict(
             temperature=0.0, rescale_log_probs=False,
             decode_rng=jax.random.PRNGKey(3))
+        if steps.uses_pipeline(fn):  # the pipeline, even at 3 x R rows
+          extra['max_speculative_rows'] = None
         out[fn.__name__] = decoding.decode(
             fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths),
             eos_id=1, **extra)
@@ -199,7 +204,7 @@ def _first_tokens():
           **bound.decode_fn_kwargs(sampling.speed_sample_decode, inputs,
                                    cache, lengths), eos_id=1,
           decode_rng=rng, num_decodes=SAMPLES, max_decode_steps=1,
-          **setting)
+          max_speculative_rows=None, **setting)  # the pipeline's samples
       out.append((decodes[0, :, 2], _filtered_probs(logits, **setting),
                   _filtered_probs(logits, **{**setting, **entry['other']})))
     return out
@@ -269,6 +274,27 @@ class GenerateTest(absltest.TestCase):
     self.assertEqual(np.asarray(speed.stats.num_tokens).tolist(), [8, 8])
     self.assertGreater(int(speed.schedule.num_steps), 8)
     self.assertIsNone(sequential.stats)
+    self.assertEqual(np.asarray(speed.stats.pipelined).tolist(), [1, 1])
+    # Beyond max_speculative_rows, the same samples from the sequential loop.
+    for rows, pipelined in ((5, 0), (6, 1)):    # 2 examples x R = 3
+      out = inference.generate(module, params, prompts, lengths,
+                               method='speed_sample', max_speculative_rows=rows,
+                               **kwargs)
+      np.testing.assert_array_equal(out.tokens, sequential.tokens)
+      self.assertEqual(np.asarray(out.stats.pipelined).tolist(),
+                       [pipelined] * 2)
+      self.assertEqual(np.asarray(out.stats.num_tokens).tolist(), [8, 8])
+    # The rows count every decode: 2 examples x 2 decodes x R = 3.
+    bound = steps.BoundSteps(module, params)
+    inputs, cache = inference.prepare(bound, prompts, lengths, 8, True)
+    fn = sampling.speed_sample_decode
+    outs = [decoding.decode(
+        fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=-1,
+        decode_rng=jax.random.PRNGKey(5), num_decodes=2,
+        max_speculative_rows=rows) for rows in (11, 12)]
+    np.testing.assert_array_equal(outs[0].sequences, outs[1].sequences)
+    self.assertEqual([np.asarray(o.stats.pipelined).tolist() for o in outs],
+                     [[0, 0], [1, 1]])
     with self.assertRaisesRegex(ValueError, 'topp'):
       inference.generate(module, params, prompts, lengths, method='sample',
                          max_decode_steps=8, topp=2.0)

@@ -142,6 +142,9 @@ def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
       kwargs = bound.decode_fn_kwargs(fn, inputs, cache, lengths)
       if 'pipeline_step_fn' in kwargs:
         kwargs['pipeline_step_fn'] = wrap(kwargs['pipeline_step_fn'])
+        # The pipeline at every batch size, not greedy's loop beyond the
+        # backend's limit.
+        kwargs['max_speculative_rows'] = None
       return _generation(decoding.decode(fn, eos_id=1,
                                          max_decode_steps=row_steps,
                                          **kwargs), lengths, max_steps)
@@ -332,6 +335,7 @@ class RaggedBatchTest(absltest.TestCase):
       cache = bound.prefill(inputs, lengths)
       kwargs = lambda fn: bound.decode_fn_kwargs(fn, inputs, cache, lengths)
       result = decoding.decode(decoding.speed_decode, eos_id=1,
+                               max_speculative_rows=None,
                                **kwargs(decoding.speed_decode))
       greedy, _ = decoding.greedy_decode(eos_id=1,
                                          **kwargs(decoding.greedy_decode))

@@ -270,13 +270,17 @@ class StockBinariesTest(absltest.TestCase):
 
     # Evaluation and the five decodings, each from the finetuned checkpoint.
     eval_dir = os.path.join(root, 'eval')
+    # SPEED pipelines by default at 2 examples x R = 6 rows; SPEED sampling's
+    # 4 x 2 samples x R rows need the explicit binding.
     decodings = {  # name: (extra gin files, extra bindings)
-        'speed': ([], []),
+        'speed': ([], ['utils.DatasetConfig.batch_size = 2']),
         'greedy': ([], ['DECODING_FN = @decoding.greedy_decode']),
         'beam_search': (['decoding/beam_search.gin'], []),
         'sample': (['decoding/sample.gin'], []),
         'speed_sample': (['decoding/speed_sample.gin'],
-                         ['NUM_SAMPLES = 2', 'SAMPLE_TOPP = 0.9'])}
+                         ['NUM_SAMPLES = 2', 'SAMPLE_TOPP = 0.9',
+                          'sampling.speed_sample_decode.max_speculative_rows'
+                          ' = None'])}
 
     def infer(name):
       out = os.path.join(root, f'infer_{name}')
@@ -323,6 +327,7 @@ class StockBinariesTest(absltest.TestCase):
     for row in predictions['speed']:
       self.assertGreaterEqual(row['aux']['speed/num_steps'],
                               row['aux']['speed/num_tokens'])
+      self.assertEqual(row['aux']['speed/pipelined'], 1)
     self.assertNotIn('speed/num_steps', predictions['greedy'][0]['aux'])
     # ... and their sums as metrics (infer.gin's write_fn).
     with open(os.path.join(root, 'infer_speed', 'speed_statistics.jsonl')) as f:
@@ -347,6 +352,7 @@ class StockBinariesTest(absltest.TestCase):
       self.assertGreaterEqual(row['aux']['speed/num_steps'],
                               row['aux']['speed/num_tokens'])
       self.assertEqual(row['aux']['speed/invalid'], 0)
+      self.assertEqual(row['aux']['speed/pipelined'], 1)
     with open(os.path.join(root, 'infer_speed_sample',
                            'speed_statistics.jsonl')) as f:
       (summary,) = [json.loads(line) for line in f]

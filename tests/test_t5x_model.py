@@ -111,6 +111,21 @@ class SharedModelTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         np.asarray(aux['speed/num_tokens'])[ended], produced[ended])
 
+  def test_large_batches_decode_with_the_full_depth_step(self):
+    # By default SPEED decodes 5 examples x R = 3 rows with greedy's loop on
+    # CPU: greedy's tokens, its statistics say so.
+    batch = th.prefix_lm_batch(seed=2, batch=5)
+    speed = th.speed_model(decode_fn=decoding.speed_decode)
+    params = th.init_params(speed, batch, seed=3)
+    decodes, aux = speed.predict_batch_with_aux(params, batch)
+    greedy = th.speed_model(decode_fn=decoding.greedy_decode)
+    np.testing.assert_array_equal(decodes, greedy.predict_batch(params, batch))
+    np.testing.assert_array_equal(aux['speed/pipelined'], np.zeros(5))
+    np.testing.assert_array_equal(aux['speed/num_steps'],
+                                  aux['speed/num_tokens'])
+    _, aux = th.speed_model().predict_batch_with_aux(params, batch)
+    np.testing.assert_array_equal(aux['speed/pipelined'], np.ones(5))
+
   def test_speculative_shortlist_through_the_model(self):
     batch = th.prefix_lm_batch(seed=7, batch=5)
     short = th.speed_model(speculative_vocab_size=9)
@@ -312,9 +327,9 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     batch = jax.tree.map(lambda x: x[:1], th.prefix_lm_batch(seed=21, batch=1))
     n = 4000
 
-    def sampler(fn):
+    def sampler(fn, **options):
       model = th.speed_model(decode_fn=jax.tree_util.Partial(
-          fn, max_decode_steps=3, topk=0, topp=0.8))
+          fn, max_decode_steps=3, topk=0, topp=0.8, **options))
       params = th.init_params(model, batch, seed=22)
       run = jax.jit(lambda rng, temperature: model.predict_batch_with_aux(
           params, batch, rng, num_decodes=n, return_all_decodes=True,
@@ -322,7 +337,8 @@ class T5XDecodeFnsTest(parameterized.TestCase):
       return lambda seed, temperature: np.asarray(run(
           jax.random.PRNGKey(seed), jnp.float32(temperature)))[0, :, :3]
 
-    ours = sampler(sampling.speed_sample_decode)(1, 0.7)
+    ours = sampler(sampling.speed_sample_decode,
+                   max_speculative_rows=None)(1, 0.7)  # the pipeline's
     t5x_sampler = sampler(t5x_decoding.temperature_sample)
     theirs = t5x_sampler(2, 0.7)
     for position in range(3):

@@ -44,7 +44,8 @@ def _even_model():
                                      num_unique_layers=2, num_repeats=3)
   return models.SpeedDecoderOnlyModel(
       network.SpeedTransformer(config), seqio.PassThroughVocabulary(38, 1),
-      adafactor.Adafactor(), inputs_bidirectional_attention=True)
+      adafactor.Adafactor(), inputs_bidirectional_attention=True,
+      decode_fn=th.SPEED_PIPELINE)
 
 
 def _train_and_predict(num_partitions):

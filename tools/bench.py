@@ -16,11 +16,17 @@ tokens. Methods (all in --dtype, same prompts, interleaved, medians):
   greedy        greedy_decode on the GxR shared model (full depth per token)
   speed         speed_decode on the GxR shared model
   speed_short   speed_decode, speculative exits over the first K token ids
+  speed_pipeline, speed_short_pipeline
+                the same with max_speculative_rows=None, where batch x R
+                exceeds the backend's limit and the two above decode
+                sequentially as users get them
   greedy_g      greedy on the unshared G-layer model (one repetition)
   greedy_12l    greedy on the unshared 12-layer model
   t5x_sample    T5X's decoding.temperature_sample (topk=1), when T5X exists
   *_xla         with --xla_baseline: greedy, speed, greedy_g and greedy_12l
                 with decode_matmul='xla' (XLA's dot, not the few-row kernel)
+
+"decode vs best greedy" divides by the faster of greedy and greedy_xla.
 
 Bytes read per token (weights, plus each virtual layer's KV cache over the
 cache length) divided by a measured memory bandwidth show how close each
@@ -129,8 +135,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f'{meta["kernel"]}. Exits are replayed from trained demo models (see '
         '--help).', flush=True)
   # A unit of progress: one method's compile or one timed pass over it.
-  units = sum(len(bench_measure.method_configs(g, r, args)) *
-              (1 + args.repeats) for g, r, _, _ in groups)
+  units = sum(len(bench_measure.method_configs(g, r, args, batch)) *
+              (1 + args.repeats) for g, r, batch, _ in groups)
   progress = common.Progress('bench', units, quiet=args.quiet)
   results, models, sources = [], {}, {}
   for index, (g, r, batch, length) in enumerate(groups):

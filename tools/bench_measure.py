@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import backend
 from t5x_speed import network
 from t5x_speed import rowmatmul
 from tools import common
@@ -24,6 +25,7 @@ from tools import replay
 LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
 PROMPTS = 16  # the same prompts at every batch size
 XLA_SUFFIX = '_xla'
+PIPELINE_SUFFIX = '_pipeline'
 # Methods that --xla_baseline times a second time with XLA's dot.
 XLA_BASELINES = ('greedy', 'speed', 'greedy_g', 'greedy_12l')
 
@@ -48,14 +50,25 @@ def base_config(g: int, r: int, dtype: str) -> network.TransformerConfig:
                                    dtype=dtype)
 
 
-def method_configs(g: int, r: int,
-                   args) -> Dict[str, network.TransformerConfig]:
-  """The methods a row group times, each with its model's config."""
+def method_configs(g: int, r: int, args,
+                   batch: int = 1) -> Dict[str, network.TransformerConfig]:
+  """The methods a row group times, each with its model's config.
+
+  Where `batch` x R rows exceed the backend's `max_speculative_rows`, SPEED
+  decodes sequentially by default; speed_pipeline (and speed_short_pipeline)
+  then time the pipeline itself.
+  """
   shared = base_config(g, r, args.dtype)
   configs = {'greedy': shared, 'speed': shared}
+  limit = backend.resolve_max_speculative_rows('auto')
+  falls_back = limit is not None and batch * r > limit
+  if falls_back:
+    configs['speed' + PIPELINE_SUFFIX] = shared
   if not args.quick:
     if args.speculative_vocab:
       configs['speed_short'] = shared
+      if falls_back:
+        configs['speed_short' + PIPELINE_SUFFIX] = shared
     configs['greedy_g'] = base_config(g, 1, args.dtype)
     configs['greedy_12l'] = base_config(12, 1, args.dtype)
     try:
@@ -71,8 +84,17 @@ def method_configs(g: int, r: int,
 
 
 def replayed_method(method: str) -> str:
-  """The decode method a bench method replays ('speed_xla' -> 'speed')."""
-  return method[:-len(XLA_SUFFIX)] if method.endswith(XLA_SUFFIX) else method
+  """The decode method a bench method replays ('speed_xla' -> 'speed',
+  'speed_pipeline' -> 'speed', 'greedy_g' -> 'greedy': the unshared models
+  decode greedily)."""
+  method = method.removesuffix(XLA_SUFFIX).removesuffix(PIPELINE_SUFFIX)
+  return 'greedy' if method in ('greedy_g', 'greedy_12l') else method
+
+
+def max_speculative_rows(method: str):
+  """SPEED's limit for a bench method: the pipeline at any batch for
+  *_pipeline, else the default users get."""
+  return None if method.endswith(PIPELINE_SUFFIX) else 'auto'
 
 
 class BatchRun:
@@ -139,9 +161,11 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
                   for res, ref in zip(results, reference))
   kv_bytes = (batch * cfg.num_layers * sizes['kv_per_position'] *
               cache_length)                      # every layer, every row
-  pipelined = replayed_method(method) in replay.PIPELINED
+  stats = [res.stats for res in results]
+  # SPEED's methods may decode sequentially beyond max_speculative_rows.
+  pipelined = (replayed_method(method) in replay.PIPELINED and
+               all(np.asarray(st.pipelined).all() for st in stats))
   if pipelined:
-    stats = [res.stats for res in results]
     loop_steps = sum(int(np.asarray(st.num_steps).max()) for st in stats)
     steps_per_token = sum(float(np.asarray(st.num_steps).sum())
                           for st in stats) / tokens
@@ -167,6 +191,7 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
       'decode_ms_per_token_per_sequence': (1e3 * decode_seconds * batch /
                                            tokens),
       'replay_consistent': identical,
+      'pipelined': pipelined,
       'loop_steps': loop_steps, 'steps_per_token': steps_per_token,
       'rows_free_ideal_speedup': (cfg.num_repeats / steps_per_token
                                   if pipelined else None),
@@ -179,8 +204,13 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
 
 
 def _add_ratios(rows: Dict[str, Dict[str, Any]]):
-  """Each row against greedy and the G-layer model of its matmul path."""
+  """Each row against greedy and the G-layer model of its matmul path, and
+  decoding against the best greedy (the faster of the kernel and XLA)."""
+  best = max(rows['greedy']['decode_tokens_per_second'],
+             rows.get('greedy' + XLA_SUFFIX, {}).get(
+                 'decode_tokens_per_second', 0.0))
   for method, row in rows.items():
+    row['decode_vs_best_greedy'] = row['decode_tokens_per_second'] / best
     # *_xla rows against the *_xla baselines.
     suffix = XLA_SUFFIX if method.endswith(XLA_SUFFIX) else ''
     greedy = rows['greedy' + suffix]
@@ -222,7 +252,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   recs = [replay.record(sources[r], prompts[i:i + batch],
                         lengths[i:i + batch])
           for i in range(0, PROMPTS, batch)]
-  configs = method_configs(g, r, args)
+  configs = method_configs(g, r, args, batch)
   runs = {}
   for method, cfg in configs.items():
     key = (cfg.num_unique_layers, cfg.num_repeats)
@@ -234,7 +264,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
       module = replay.with_xla_matmuls(module)
     prefill = replay.replay_prefill(module)
     decode = replay.replay_decode(replayed_method(method), module,
-                                  args.speculative_vocab)
+                                  args.speculative_vocab,
+                                  max_speculative_rows(method))
     runs[method] = [BatchRun(prefill, decode, params, rec) for rec in recs]
     log(f'compiling {method}')
     runs[method][0]()

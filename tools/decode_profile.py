@@ -2,14 +2,17 @@
 figures/avx512/decode_profile.txt).
 
     python -m tools.decode_profile [float32|bfloat16]
-                                   [speed|greedy|greedy_g|greedy_12l]
+                                   [speed|speed_pipeline|greedy|greedy_g|
+                                    greedy_12l] [--batch B]
 
-Runs the bench's replay (`replay.replay_decode`, batch 1, the first short
-test prompt, exits of the replayed 2x3 demo model in --demo_out) once under
+Runs the bench's replay (`replay.replay_decode`, the first B short test
+prompts, exits of the replayed 2x3 demo model in --demo_out) once under
 `jax.profiler`, and sums XLA:CPU's per-thunk trace events over the loop:
 `ffi_call` are the few-row kernel's weight products, the rest XLA's own ops
-(attention over the cache, norms, argmax, cache writes, ...). Figures are per
-loop step; the profiler adds a little to each op.
+(attention over the cache, norms, argmax, cache writes, ...). Kernel calls
+are also summed by shape (rows x K x N), with the rate at which they read
+their weights. Figures are per loop step; the profiler adds a little to each
+op.
 """
 
 import argparse
@@ -17,6 +20,7 @@ import collections
 import glob
 import gzip
 import json
+import re
 import tempfile
 import time
 from typing import Optional, Sequence
@@ -33,8 +37,27 @@ from tools import replay
 ENCLOSING = ('ThunkExecutor', '$', 'PjitFunction', 'Common', 'ParseArg',
              'while', 'end: ')
 # (G, R) of each method's Base-width model.
-MODELS = {'speed': (4, 3), 'greedy': (4, 3), 'greedy_g': (4, 1),
-          'greedy_12l': (12, 1)}
+MODELS = {'speed': (4, 3), 'speed_pipeline': (4, 3), 'greedy': (4, 3),
+          'greedy_g': (4, 1), 'greedy_12l': (12, 1)}
+# A kernel call in the compiled HLO: its name, output and operand shapes.
+_KERNEL_CALL = re.compile(
+    r'%(ffi_call[\w.]*) = (\w+)\[([\d,]*)\]\S* custom-call\('
+    r'(\w+)\[([\d,]*)\]\S* %[\w.]+, (\w+)\[([\d,]*)\]')
+_BYTES = {'f32': 4, 'bf16': 2}
+
+
+def _kernel_shapes(hlo: str) -> dict:
+  """{call name: (label 'rows x K x N dtype', weight bytes)} of the
+  kernel calls in compiled HLO text."""
+  shapes = {}
+  for m in _KERNEL_CALL.finditer(hlo):
+    name, w_dtype = m.group(1), m.group(6)
+    out, x, w = ([int(d) for d in m.group(i).split(',') if d]
+                 for i in (3, 5, 7))
+    rows, k, n = int(np.prod(x[:-1])), x[-1], out[-1]
+    shapes[name] = (f'{rows} x {k} x {n} {w_dtype}',
+                    k * n * _BYTES.get(w_dtype, 4))
+  return shapes
 
 
 def _trace_events(fn) -> list:
@@ -48,21 +71,24 @@ def _trace_events(fn) -> list:
     return [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
 
 
-def profile(dtype: str, method: str, demo_out: str = 'demo_out'):
+def profile(dtype: str, method: str, demo_out: str = 'demo_out',
+            batch: int = 1):
   """Prints the loop's time per step: unprofiled, then by op."""
   g, r = MODELS[method]
   source = replay.demo_schedule_source(3, demo_out)
   prompts, lengths, _ = demo_model.held_out(16, split='test', min_numbers=1,
                                             max_numbers=1)
-  rec = replay.record(source, prompts[:1], lengths[:1])
+  rec = replay.record(source, prompts[:batch], lengths[:batch])
   module, params = replay.init_model(bench_measure.base_config(g, r, dtype))
   prefill = replay.replay_prefill(module)
-  decode = replay.replay_decode('speed' if method == 'speed' else 'greedy',
-                                module)
+  decode = replay.replay_decode(
+      bench_measure.replayed_method(method), module,
+      max_speculative_rows=bench_measure.max_speculative_rows(method))
   prompts_j, lengths_j, by_position, predictions = replay.replay_args(rec)
   inputs, cache = prefill(params, prompts_j, lengths_j)
-  run = lambda: decode(params, inputs, cache, lengths_j, by_position,
-                       predictions)
+  args = (params, inputs, cache, lengths_j, by_position, predictions)
+  run = lambda: decode(*args)
+  shapes = _kernel_shapes(decode.lower(*args).compile().as_text())
   result = jax.block_until_ready(run())
   steps = (int(np.asarray(result.stats.num_steps).max())
            if result.stats is not None else rec['tokens'])
@@ -75,12 +101,23 @@ def profile(dtype: str, method: str, demo_out: str = 'demo_out'):
       ops[e['name']] += e['dur'] / steps
   kernel = sum(t for name, t in ops.items() if name.startswith('ffi_call'))
   xla = collections.Counter()
+  by_shape = collections.defaultdict(lambda: [0.0, 0, 0])  # us, calls, bytes
   for name, t in ops.items():
     if not name.startswith('ffi_call'):
       xla[name.split('.')[0]] += t
-  print(f'{dtype} {method}: {steps} loop steps, {1e3 * wall / steps:.2f} ms '
-        f'per step unprofiled; profiled per step: kernel calls '
-        f'{kernel / 1e3:.2f} ms, XLA ops {sum(xla.values()) / 1e3:.2f} ms')
+    elif name in shapes:
+      label, nbytes = shapes[name]
+      by_shape[label][0] += t
+      by_shape[label][1] += 1
+      by_shape[label][2] += nbytes
+  print(f'{dtype} {method}, batch {batch}: {steps} loop steps, '
+        f'{1e3 * wall / steps:.2f} ms per step unprofiled; profiled per '
+        f'step: kernel calls {kernel / 1e3:.2f} ms, XLA ops '
+        f'{sum(xla.values()) / 1e3:.2f} ms')
+  for label, (t, calls, nbytes) in sorted(by_shape.items(),
+                                          key=lambda kv: -kv[1][0]):
+    print(f'  {t:7.0f} us  kernel {label}: {calls} calls, '
+          f'{nbytes / max(t, 1e-9) / 1e3:.1f} GB/s of weights')
   for name, t in xla.most_common(8):
     print(f'  {t:7.0f} us  {name}')
 
@@ -94,11 +131,13 @@ def main(argv: Optional[Sequence[str]] = None):
                  help='dtype of the Base-width model')
   p.add_argument('method', nargs='?', default='speed', choices=tuple(MODELS),
                  help='the decode loop profiled')
+  p.add_argument('--batch', type=int, default=1,
+                 help='prompts decoded together (at most 16)')
   p.add_argument('--demo_out', default='demo_out',
                  help='where the replayed demo model is kept (trained there '
                  'if absent)')
   args = p.parse_args(argv)
-  profile(args.dtype, args.method, args.demo_out)
+  profile(args.dtype, args.method, args.demo_out, args.batch)
 
 
 if __name__ == '__main__':

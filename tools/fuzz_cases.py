@@ -128,14 +128,14 @@ class Compiled:
       return ((jnp.arange(length) <= lengths[:, None]) &
               bidir[:, None]).astype(jnp.int32)
 
-    def decoder(name):
+    def decoder(name, **options):
       def run(params, inputs, lengths, bidir, max_steps, eos):
         # Looked up when traced, so that a test can replace a decode fn.
         decode_fn = getattr(decoding, name)
         bound = steps.BoundSteps(module, params)
         cache = bound.prefill(inputs, lengths, causal(lengths, bidir))
         return decoding.decode(
-            decode_fn, eos_id=eos, max_decode_steps=max_steps,
+            decode_fn, eos_id=eos, max_decode_steps=max_steps, **options,
             **bound.decode_fn_kwargs(decode_fn, inputs, cache, lengths))
       return run
 
@@ -157,7 +157,10 @@ class Compiled:
     one_at_a_time = group.dtype == 'bfloat16'
     self.shapes = shapes
     self.greedy = _map_cases(decoder('greedy_decode'), jit, one_at_a_time)
-    self.speed = _map_cases(decoder('speed_decode'), jit, one_at_a_time)
+    # The pipeline at every batch size: by default a batch beyond the
+    # backend's max_speculative_rows runs greedy's own loop.
+    self.speed = _map_cases(decoder('speed_decode', max_speculative_rows=None),
+                            jit, one_at_a_time)
     self.forward = jit(jax.vmap(forward))
     # Where every decode-step matmul of both loops runs on the row-independent
     # kernel (SPEED's B*R rows included) in the user's program, SPEED's tokens

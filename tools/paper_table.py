@@ -158,13 +158,15 @@ def evaluate(module, params, settings: TableSettings, prompts, lengths,
   """BLEU / chrF of greedy decoding (SPEED on shared models, checked equal
   to greedy), SPEED's statistics and teacher-forced exit consistency."""
   r = module.config.num_repeats
+  # SPEED's statistics are the pipeline's at every batch size.
   decode = functools.partial(
       inference.generate, module, params,
       max_decode_steps=settings.targets_length, bidirectional=True)
+  speed = functools.partial(decode, method='speed', max_speculative_rows=None)
   texts, stats, identical = [], [], True
   for start in range(0, len(prompts), 16):
     p, n = prompts[start:start + 16], lengths[start:start + 16]
-    out = decode(p, n, method='speed' if r > 1 else 'greedy')
+    out = speed(p, n) if r > 1 else decode(p, n, method='greedy')
     tokens = np.asarray(out.tokens)
     if r > 1:
       stats.append(out.stats.summary())

@@ -153,6 +153,15 @@ def _forced_tokens_to_logits(tokens_to_logits, by_position):
   return fn
 
 
+def _with_step_count(tokens_to_logits):
+  """`tokens_to_logits` on the replayed pipeline's (cache, step) pair."""
+  def fn(state):
+    kv, step = state.cache
+    logits, kv = tokens_to_logits(state.replace(cache=kv))
+    return logits, (kv, step)
+  return fn
+
+
 def _replayed_pipeline_step(pipeline_step_fn, predictions):
   """SPEED's step with each exit's argmax forced to the recorded one."""
   def fn(tokens, carry, positions, cache):
@@ -191,7 +200,8 @@ def _decode_fn(method: str):
 
 
 def replay_decode(method: str, module: network.SpeedTransformer,
-                  speculative_vocab: int = 0):
+                  speculative_vocab: int = 0,
+                  max_speculative_rows: Any = None):
   """jit fn(params, inputs, cache, lengths, by_position, predictions,
   sample=None) -> `DecodeResult`, decoding a recorded batch from
   `replay_prefill`'s output. See `replay_decoder`."""
@@ -207,15 +217,17 @@ def replay_decode(method: str, module: network.SpeedTransformer,
     bound = steps.BoundSteps(module, params, spec)
     kwargs = dict(inputs=inputs, eos_id=1, initial_index=lengths,
                   max_decode_steps=max_steps, **(sample or {}))
+    forced = _forced_tokens_to_logits(bound.tokens_to_logits, by_position)
     if method in PIPELINED:
       # The cache carries the step count that indexes the recording.
       return decoding.decode(
           decode_fn, cache=(cache, jnp.zeros((), jnp.int32)),
+          tokens_to_logits=_with_step_count(forced),
           pipeline_step_fn=_replayed_pipeline_step(bound.pipeline_step,
                                                    predictions),
           num_stages=module.config.num_repeats,
-          initial_carry=bound.initial_carry(inputs.shape[0]), **kwargs)
-    forced = _forced_tokens_to_logits(bound.tokens_to_logits, by_position)
+          initial_carry=bound.initial_carry(inputs.shape[0]),
+          max_speculative_rows=max_speculative_rows, **kwargs)
     if method == 't5x_sample':
       kwargs.update(topk=1, temperature=0.0)
     return decoding.decode(decode_fn, cache=cache, tokens_to_logits=forced,
@@ -225,7 +237,8 @@ def replay_decode(method: str, module: network.SpeedTransformer,
 
 
 def replay_decoder(method: str, module: network.SpeedTransformer,
-                   speculative_vocab: int = 0):
+                   speculative_vocab: int = 0,
+                   max_speculative_rows: Any = None):
   """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
   -> `DecodeResult`, replaying a recorded batch, prefill included.
 
@@ -234,9 +247,13 @@ def replay_decoder(method: str, module: network.SpeedTransformer,
   temperature_sample with topk=1, where T5X is installed) or a sampler of
   `t5x_speed.sampling` (sample, speed_sample), which takes
   sample=dict(decode_rng=..., temperature=..., topp=...).
+  `max_speculative_rows` of the SPEED methods: None replays the recorded
+  pipeline at any batch; 'auto' decodes as users get it (sequentially
+  beyond the backend's limit, `decoding.speed_decode`).
   """
   prefill = replay_prefill(module)
-  decode_batch = replay_decode(method, module, speculative_vocab)
+  decode_batch = replay_decode(method, module, speculative_vocab,
+                               max_speculative_rows)
 
   @jax.jit
   def run(params, prompts, lengths, by_position, predictions, sample=None):
