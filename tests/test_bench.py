@@ -123,6 +123,38 @@ class MarkdownTest(absltest.TestCase):
                       'greedy_g': '1.00x'})
 
 
+class TargetsTest(absltest.TestCase):
+
+  def test_targets_against_the_best_greedy(self):
+    ms = lambda v, **extra: _row(50.0, decode_ms_per_token_per_sequence=v,
+                                 **extra)
+    b1 = {'greedy': ms(8.0, bandwidth_bound_fraction=0.5),
+          'greedy_xla': ms(7.0, bandwidth_bound_fraction=0.85),
+          'speed': ms(3.5), 'greedy_g': ms(4.0), 'greedy_g_xla': ms(3.2)}
+    b4 = {'greedy': ms(10.0), 'speed': ms(10.2, pipelined=False)}
+    results = [_result(b1), dict(_result(b4), batch=4, config='2x6'),
+               dict(_result(b4), batch=4)]
+    got = {t: (round(v, 3), met) for t, v, _, met in bench_report.targets(
+        results, {'dtype': 'float32', 'replay_steps': 600})}
+    self.assertEqual(got, {
+        '4x3 b1: greedy >= 80% of its bandwidth bound': (0.85, True),
+        '4x3 b1: SPEED >= 1.8x the best greedy': (2.0, True),
+        "4x3 b1: SPEED latency <= 1.15x the unshared 4-layer model's":
+            (1.094, True),
+        '2x6 b4: SPEED (default settings) >= 1.0x the best greedy':
+            (0.98, None),
+        '4x3 b4: SPEED (default settings) >= 1.3x the best greedy':
+            (0.98, False)})
+    table = bench_report.targets_markdown(bench_report.targets(
+        results, {'dtype': 'float32'}))
+    self.assertIn('| 4x3 b1: SPEED >= 1.8x the best greedy | 2.00x | met |',
+                  table)
+    self.assertIn('equal (same program)', table)
+    paper = bench_report.targets([_result(b1)], {'replay_steps': 150})
+    self.assertEqual([(t, met) for t, _, _, met in paper], [
+        ('4x3 b1, paper flip rates: SPEED >= 1.45x the best greedy', True)])
+
+
 class BenchRunTest(absltest.TestCase):
 
   def test_quick_mode_times_greedy_and_speed(self):
@@ -199,6 +231,8 @@ class BenchRunTest(absltest.TestCase):
       table = f.read()
     self.assertIn('| 4x3 | 4 | short | speed_pipeline |', table)
     self.assertIn('GB/s median', table)
+    self.assertIn('| 4x3 b4: SPEED (default settings) >= 1.3x the best '
+                  'greedy |', table)
 
 
 class ProgressTest(absltest.TestCase):

@@ -41,8 +41,9 @@ MODELS = {'speed': (4, 3), 'speed_pipeline': (4, 3), 'greedy': (4, 3),
           'greedy_g': (4, 1), 'greedy_12l': (12, 1)}
 # A kernel call in the compiled HLO: its name, output and operand shapes.
 _KERNEL_CALL = re.compile(
-    r'%(ffi_call[\w.]*) = (\w+)\[([\d,]*)\]\S* custom-call\('
-    r'(\w+)\[([\d,]*)\]\S* %[\w.]+, (\w+)\[([\d,]*)\]')
+    r'%(ffi_call[\w.]*) = (\w+)\[([\d,]*)\]\S* custom-call\(.*?'
+    r'operand_layout_constraints=\{(\w+)\[([\d,]*)\]\S*, '
+    r'(\w+)\[([\d,]*)\]')
 _BYTES = {'f32': 4, 'bf16': 2}
 
 
@@ -91,7 +92,7 @@ def profile(dtype: str, method: str, demo_out: str = 'demo_out',
   shapes = _kernel_shapes(decode.lower(*args).compile().as_text())
   result = jax.block_until_ready(run())
   steps = (int(np.asarray(result.stats.num_steps).max())
-           if result.stats is not None else rec['tokens'])
+           if result.stats is not None else int(rec['row_tokens'].max()))
   start = time.perf_counter()
   jax.block_until_ready(run())
   wall = time.perf_counter() - start
