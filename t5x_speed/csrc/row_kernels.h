@@ -272,12 +272,14 @@ void RunGroup(const Problem<W, O>& p, int64_t r0, int64_t n0, int64_t n1) {
   NkRange<G>(x, p.Kp, p.w, out, p.K, p.N, n0, n1);
 }
 
+// Output columns per block when the rows come in several groups: the block's
+// weights (kNtBlock x K) stay in L2 while every group reads them, instead of
+// each group streaming the whole range from memory. A multiple of every
+// NkColumns(m), so blocking adds no single-column tails.
+constexpr int64_t kNtBlock = 120;
+
 template <typename W, typename O>
-void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
-  if (!p.transposed) {  // x has row stride Kp == K here
-    KnChunk(p.x, p.w, p.out, p.M, p.K, p.N, n0, n1);
-    return;
-  }
+void RunRowGroups(const Problem<W, O>& p, int64_t n0, int64_t n1) {
   for (int64_t r0 = 0; r0 < p.M; r0 += kMaxGroupRows) {
     switch (std::min<int64_t>(kMaxGroupRows, p.M - r0)) {
       case 1: RunGroup<1>(p, r0, n0, n1); break;
@@ -289,6 +291,21 @@ void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
       case 7: RunGroup<7>(p, r0, n0, n1); break;
       default: RunGroup<8>(p, r0, n0, n1); break;
     }
+  }
+}
+
+template <typename W, typename O>
+void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
+  if (!p.transposed) {  // x has row stride Kp == K here
+    KnChunk(p.x, p.w, p.out, p.M, p.K, p.N, n0, n1);
+    return;
+  }
+  if (p.M <= kMaxGroupRows) {
+    RunRowGroups(p, n0, n1);
+    return;
+  }
+  for (int64_t b0 = n0; b0 < n1; b0 += kNtBlock) {
+    RunRowGroups(p, b0, std::min(n1, b0 + kNtBlock));
   }
 }
 
