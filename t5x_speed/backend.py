@@ -80,10 +80,9 @@ _MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
               jnp.dtype(jnp.float16): jnp.dtype(jnp.uint16)}
 
 # Rows per step (batch x R) up to which SPEED's pipeline beats the
-# full-depth step on CPU with the few-row kernel: the kernel holds the
-# accumulators of up to 8 rows in registers while a weight streams through
-# once, and tools.bench measures the crossover (docs/performance.md).
-CPU_MAX_SPECULATIVE_ROWS = 8
+# full-depth step on CPU with the few-row kernel, as tools.bench measures it
+# (docs/performance.md#large-batches): ahead at 12 rows, behind at 24.
+CPU_MAX_SPECULATIVE_ROWS = 12
 
 _log = logging.getLogger(__name__)
 
