@@ -54,7 +54,6 @@ DECODE_FNS = {'speed': decoding.speed_decode, 'greedy': decoding.greedy_decode,
               'sample': sampling.sample_decode}
 METHODS = tuple(DECODE_FNS)
 SAMPLING_METHODS = ('speed_sample', 'sample')
-PIPELINED_METHODS = ('speed', 'speed_sample')
 
 
 def check_finite(params: Any, name: str = 'params'):
@@ -140,14 +139,14 @@ def _generate(module, params, prompts, prompt_lengths, temperature, topp,
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional)
   decode_fn = DECODE_FNS[method]
-  sampling_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
-                       topp=topp) if method in SAMPLING_METHODS else {}
-  if method in PIPELINED_METHODS:
-    sampling_args['max_speculative_rows'] = max_speculative_rows
+  method_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
+                     topp=topp) if method in SAMPLING_METHODS else {}
+  if steps.uses_pipeline(decode_fn):
+    method_args['max_speculative_rows'] = max_speculative_rows
   result = decoding.decode(
       decode_fn, record_schedule=record_schedule,
       **bound.decode_fn_kwargs(decode_fn, inputs, cache, prompt_lengths),
-      eos_id=eos_id, max_decode_steps=max_decode_steps, **sampling_args)
+      eos_id=eos_id, max_decode_steps=max_decode_steps, **method_args)
   return Generation(
       produced_tokens(result.sequences, prompt_lengths, max_decode_steps),
       result.scores[:, 0], result.stats, result.schedule)

@@ -10,7 +10,7 @@ Where a step would multiply more rows (batch x R) than
 `max_speculative_rows`, `speed_or_sequential` runs the sequential loop with
 the same token rule instead: its output is the pipeline's, token for token,
 and at that size a full-depth step per token is faster (see
-`backend.max_speculative_rows`).
+`backend.resolve_max_speculative_rows`).
 """
 
 import dataclasses
@@ -334,9 +334,15 @@ def pipelined_loop(inputs: Array, cache: Any,
       stats=SpeedStats.zeros(batch, stages),
       schedule=schedule,
       step=jnp.zeros((), jnp.int32)))
-  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
+  invalid = _invalid_flags(checked, final.ended)
   return (final.replace(stats=final.stats.replace(invalid=invalid)),
           jnp.where(invalid != 0, jnp.nan, final.log_prob))
+
+
+def _invalid_flags(checked: decode_args.Checked, ended: Array) -> Array:
+  """`SpeedStats.invalid`: the traced checks' flags, and the step limit's
+  where an example did not end."""
+  return checked.invalid | jnp.where(ended, 0, INVALID_STEP_LIMIT)
 
 
 def speculates(rows: int, max_speculative_rows: Optional[int],
@@ -376,7 +382,7 @@ def speed_or_sequential(
     return final.sequences, scores, final.stats, final.schedule
   final, scores = sequential_loop.sequential_loop(
       inputs, cache, tokens_to_logits, checked, rule)
-  invalid = checked.invalid | jnp.where(final.ended, 0, INVALID_STEP_LIMIT)
-  produced = jnp.where(checked.done, 0, final.cur_index - checked.initial_index)
+  produced = final.cur_index - checked.initial_index  # 0 where done
   return (final.sequences, scores,
-          SpeedStats.sequential(produced, stages, invalid), None)
+          SpeedStats.sequential(produced, stages,
+                                _invalid_flags(checked, final.ended)), None)

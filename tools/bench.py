@@ -149,7 +149,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   table = bench_report.markdown(results, meta)
   goals = bench_report.targets_markdown(bench_report.targets(results, meta))
   if goals:
-    table += '\n\nTargets (decoding alone, against the best greedy):\n\n' + goals
+    table += ('\n\nTargets (decoding alone, against the best greedy):\n\n'
+              + goals)
   print('\n' + table)
   with open(os.path.join(args.out, 'bench.json'), 'w') as f:
     json.dump({'meta': meta, 'results': results}, f, indent=1)

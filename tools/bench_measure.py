@@ -203,12 +203,19 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
   }
 
 
+def best_row(rows: Dict[str, Dict[str, Any]],
+             name: str) -> Optional[Dict[str, Any]]:
+  """The faster, decoding alone, of the rows of `name` and `name`_xla (the
+  kernel's and XLA's dot), if either ran."""
+  found = [rows[m] for m in (name, name + XLA_SUFFIX) if m in rows]
+  return (min(found, key=lambda row: row['decode_ms_per_token_per_sequence'])
+          if found else None)
+
+
 def _add_ratios(rows: Dict[str, Dict[str, Any]]):
   """Each row against greedy and the G-layer model of its matmul path, and
-  decoding against the best greedy (the faster of the kernel and XLA)."""
-  best = max(rows['greedy']['decode_tokens_per_second'],
-             rows.get('greedy' + XLA_SUFFIX, {}).get(
-                 'decode_tokens_per_second', 0.0))
+  decoding against the best greedy (`best_row`)."""
+  best = best_row(rows, 'greedy')['decode_tokens_per_second']
   for method, row in rows.items():
     row['decode_vs_best_greedy'] = row['decode_tokens_per_second'] / best
     # *_xla rows against the *_xla baselines.

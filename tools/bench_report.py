@@ -81,13 +81,6 @@ def _decode_ms(row: Dict[str, Any]) -> float:
   return row['decode_ms_per_token_per_sequence']
 
 
-def _best(methods: Dict[str, Any], name: str) -> Optional[Dict[str, Any]]:
-  """The faster (decoding alone) of `name` and `name`_xla, if either ran."""
-  rows = [methods[m] for m in (name, name + bench_measure.XLA_SUFFIX)
-          if m in methods]
-  return min(rows, key=_decode_ms) if rows else None
-
-
 def targets(results: List[Dict[str, Any]], meta: Dict[str, Any]
             ) -> List[Tuple[str, float, str, Optional[bool]]]:
   """The performance targets this run measures: (target, value, how the
@@ -100,7 +93,7 @@ def targets(results: List[Dict[str, Any]], meta: Dict[str, Any]
   paper_flips = meta.get('replay_steps') == 150
   for res in results:
     m, cfg, batch = res['methods'], res['config'], res['batch']
-    greedy, speed = _best(m, 'greedy'), m.get('speed')
+    greedy, speed = bench_measure.best_row(m, 'greedy'), m.get('speed')
     if greedy is None or speed is None:
       continue
     vs = _decode_ms(greedy) / _decode_ms(speed)
@@ -113,7 +106,7 @@ def targets(results: List[Dict[str, Any]], meta: Dict[str, Any]
                   f'{share:.0%}', share >= 0.8))
       out.append(('4x3 b1: SPEED >= 1.8x the best greedy', vs, f'{vs:.2f}x',
                   vs >= 1.8))
-      shallow = _best(m, 'greedy_g')
+      shallow = bench_measure.best_row(m, 'greedy_g')
       if shallow is not None:
         lat = _decode_ms(speed) / _decode_ms(shallow)
         out.append(('4x3 b1: SPEED latency <= 1.15x the unshared 4-layer '

@@ -39,11 +39,12 @@ ENCLOSING = ('ThunkExecutor', '$', 'PjitFunction', 'Common', 'ParseArg',
 # (G, R) of each method's Base-width model.
 MODELS = {'speed': (4, 3), 'speed_pipeline': (4, 3), 'greedy': (4, 3),
           'greedy_g': (4, 1), 'greedy_12l': (12, 1)}
-# A kernel call in the compiled HLO: its name, output and operand shapes.
+# A kernel call in the compiled HLO: its name, output shape, x's shape and
+# the weight's dtype.
 _KERNEL_CALL = re.compile(
     r'%(ffi_call[\w.]*) = (\w+)\[([\d,]*)\]\S* custom-call\(.*?'
     r'operand_layout_constraints=\{(\w+)\[([\d,]*)\]\S*, '
-    r'(\w+)\[([\d,]*)\]')
+    r'(\w+)\[')
 _BYTES = {'f32': 4, 'bf16': 2}
 
 
@@ -53,8 +54,7 @@ def _kernel_shapes(hlo: str) -> dict:
   shapes = {}
   for m in _KERNEL_CALL.finditer(hlo):
     name, w_dtype = m.group(1), m.group(6)
-    out, x, w = ([int(d) for d in m.group(i).split(',') if d]
-                 for i in (3, 5, 7))
+    out, x = ([int(d) for d in m.group(i).split(',') if d] for i in (3, 5))
     rows, k, n = int(np.prod(x[:-1])), x[-1], out[-1]
     shapes[name] = (f'{rows} x {k} x {n} {w_dtype}',
                     k * n * _BYTES.get(w_dtype, 4))
