@@ -3,7 +3,8 @@
 Every numerics choice of `t5x_speed.layers` is made here, from what is being
 traced:
 
-* Weight matmuls (`layers.Dense`, the tied classifier `layers.Embed.attend`).
+* Weight matmuls (`layers.Dense`, `layers.dense_group`, the tied classifier
+  `layers.Embed.attend`).
   Full-sequence passes (training, scoring, prefill) always use XLA's dot,
   whatever their row count, so that their arithmetic is T5X's. A decode step
   multiplies a few token rows by every weight matrix, where XLA:CPU packs the
@@ -18,10 +19,11 @@ traced:
   - 'xla': XLA's dot (the baseline of an A/B comparison).
 
   The kernel computes each row alone, so SPEED's R-row products are
-  bit-identical to greedy's one-row ones. A decode step that does not use it
-  runs 2 to `MATVEC_MAX_ROWS` rows as one XLA GEMV per row when the weights
-  fit in the last-level cache: they are read from memory once and from cache
-  after, instead of packed for a GEMM.
+  bit-identical to greedy's one-row ones; weights that multiply the same
+  rows (q, k and v; an MLP's input projections) share one call. A decode
+  step that does not use it runs 2 to `MATVEC_MAX_ROWS` rows as one XLA
+  GEMV per row when the weights fit in the last-level cache: they are read
+  from memory once and from cache after, instead of packed for a GEMM.
 
 * Gathers and scatters of 16-bit floats (`layers.Embed`, `layers.write_cache`)
   move the bits as uint16 in every pass: they only move values, and XLA:CPU
@@ -56,7 +58,7 @@ import dataclasses
 import enum
 import functools
 import logging
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 import jax
 from jax import lax
@@ -216,6 +218,12 @@ def kernel_matmul(x: Array, w: Array, *, transpose_w: bool = False,
   numerics = decode_numerics() or DecodeNumerics()
   return rowmatmul.matmul(x, w, transpose_w=transpose_w, cols=cols,
                           threads=numerics.kernel_threads)
+
+
+def kernel_matmuls(x: Array, ws: Sequence[Array]) -> Tuple[Array, ...]:
+  """`rowmatmul.matmuls` with the threads of the decode step being traced."""
+  numerics = decode_numerics() or DecodeNumerics()
+  return rowmatmul.matmuls(x, ws, threads=numerics.kernel_threads)
 
 
 def move_values(move: Callable[..., Array], values: Sequence[Array],

@@ -112,8 +112,8 @@ class Attention(nn.Module):
   def qkv(self, x: Array) -> Tuple[Array, Array, Array]:
     """[..., emb] -> three [..., heads, head_dim]."""
     axes = ('batch', 'length', 'heads', 'kv')
-    return tuple(layers.with_sharding_constraint(f(x), axes)
-                 for f in (self.query, self.key, self.value))
+    return tuple(layers.with_sharding_constraint(y, axes) for y in
+                 layers.dense_group((self.query, self.key, self.value), x))
 
   def __call__(self, context: Array) -> Array:
     """[..., heads, head_dim] -> [..., emb]."""

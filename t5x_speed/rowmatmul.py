@@ -27,6 +27,8 @@ Example:
   (3, 2048)
   >>> matmul(x, jnp.ones((32128, 768)), transpose_w=True).shape  # x @ w.T
   (3, 32128)
+  >>> [o.shape for o in matmuls(x, [jnp.ones((768, 64)), w])]  # one call
+  [(3, 64), (3, 2048)]
 """
 
 import ctypes
@@ -40,7 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 import jax
 from jax import lax
@@ -216,42 +218,63 @@ def available() -> bool:
   return jax.default_backend() == 'cpu' and isa() is not None
 
 
-def _ffi(x: Array, w: Array, n: int, transpose_w: bool, dtype,
-         threads: int) -> Array:
-  call = jax.ffi.ffi_call(_TARGETS[transpose_w],
-                          jax.ShapeDtypeStruct((x.shape[0], n), dtype),
-                          # One call for all vmapped matrices: the kernel
-                          # takes leading batch axes (size 1 = broadcast).
-                          vmap_method='expand_dims')
-  return call(x, w, threads=np.int64(threads))
+def _ffi(x: Array, ws: Tuple[Array, ...], ns: Tuple[int, ...],
+         transpose_w: bool, dtype, threads: int) -> Tuple[Array, ...]:
+  call = jax.ffi.ffi_call(
+      _TARGETS[transpose_w],
+      tuple(jax.ShapeDtypeStruct((x.shape[0], n), dtype) for n in ns),
+      # One call for all vmapped matrices: the kernel takes leading batch
+      # axes (size 1 = broadcast).
+      vmap_method='expand_dims')
+  return tuple(call(x, *ws, threads=np.int64(threads)))
 
 
 # The kernel is a forward-only custom call; the backward pass (if a few-row
 # matmul is ever differentiated, e.g. a decode step under grad) uses XLA's
 # dots, in f32 for mixed operands, each gradient cast to its operand's dtype.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _kernel(x: Array, w: Array, n: int, transpose_w: bool, dtype,
-            threads: int) -> Array:
-  return _ffi(x, w, n, transpose_w, dtype, threads)
+def _kernel(x: Array, ws: Tuple[Array, ...], ns: Tuple[int, ...],
+            transpose_w: bool, dtype, threads: int) -> Tuple[Array, ...]:
+  return _ffi(x, ws, ns, transpose_w, dtype, threads)
 
 
-def _kernel_fwd(x, w, n, transpose_w, dtype, threads):
-  return _ffi(x, w, n, transpose_w, dtype, threads), (x, w)
+def _kernel_fwd(x, ws, ns, transpose_w, dtype, threads):
+  return _ffi(x, ws, ns, transpose_w, dtype, threads), (x, ws)
 
 
-def _kernel_bwd(n, transpose_w, dtype, threads, res, g):
+def _kernel_bwd(ns, transpose_w, dtype, threads, res, gs):
   del dtype, threads
-  x, w = res
+  x, ws = res
   f32 = lambda a: a.astype(jnp.float32)
-  g = f32(g)
-  if transpose_w:
-    dw = jnp.zeros(w.shape, jnp.float32).at[:n].set(jnp.dot(g.T, f32(x)))
-    return jnp.dot(g, f32(w[:n])).astype(x.dtype), dw.astype(w.dtype)
-  return (jnp.dot(g, f32(w).T).astype(x.dtype),
-          jnp.dot(f32(x).T, g).astype(w.dtype))
+  dx = jnp.zeros(x.shape, jnp.float32)
+  dws = []
+  for w, n, g in zip(ws, ns, gs):
+    g = f32(g)
+    if transpose_w:
+      dx = dx + jnp.dot(g, f32(w[:n]))
+      dws.append(jnp.zeros(w.shape, jnp.float32).at[:n].set(
+          jnp.dot(g.T, f32(x))).astype(w.dtype))
+    else:
+      dx = dx + jnp.dot(g, f32(w).T)
+      dws.append(jnp.dot(f32(x).T, g).astype(w.dtype))
+  return dx.astype(x.dtype), tuple(dws)
 
 
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
+def _check_threads(threads) -> None:
+  if (isinstance(threads, bool) or
+      not isinstance(threads, (int, np.integer)) or threads < 0):
+    raise ValueError(f'threads must be an integer >= 0, got {threads!r}.')
+
+
+def _kernel_takes(x: Array, ws: Sequence[Array], rows: int) -> bool:
+  """Whether the kernel computes x times every w of `ws` (else XLA's dot)."""
+  dtype = jnp.result_type(x.dtype, *(w.dtype for w in ws))
+  return (dtype in _DTYPES and x.dtype in _DTYPES and
+          all(w.dtype == ws[0].dtype for w in ws) and ws[0].dtype in _DTYPES
+          and x.shape[-1] > 0 and 0 < rows <= MAX_ROWS and available())
 
 
 def matmul(x: Array, w: Array, *, transpose_w: bool = False,
@@ -283,9 +306,7 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
   Raises:
     ValueError: on rank or shape mismatch, a bad `cols` or negative `threads`.
   """
-  if (isinstance(threads, bool) or
-      not isinstance(threads, (int, np.integer)) or threads < 0):
-    raise ValueError(f'threads must be an integer >= 0, got {threads!r}.')
+  _check_threads(threads)
   x, w = jnp.asarray(x), jnp.asarray(w)
   if w.ndim != 2 or x.ndim < 1:
     raise ValueError(f'matmul needs x [..., K] and a 2-D w, got {x.shape} and '
@@ -301,15 +322,55 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     n = cols
   dtype = jnp.result_type(x.dtype, w.dtype)
   rows = int(np.prod(x.shape[:-1]))
-  if (force_xla or dtype not in _DTYPES or x.dtype not in _DTYPES or
-      w.dtype not in _DTYPES or x.shape[-1] == 0 or n == 0 or
-      not 0 < rows <= MAX_ROWS or not available()):
+  if force_xla or n == 0 or not _kernel_takes(x, (w,), rows):
     wn = w[:n] if transpose_w else w
     return lax.dot_general(x.astype(dtype), wn.astype(dtype),
                            (((x.ndim - 1,), (k_axis,)), ((), ())))
-  out = _kernel(x.reshape(rows, x.shape[-1]), w, n, transpose_w, dtype,
-                int(threads))
+  out, = _kernel(x.reshape(rows, x.shape[-1]), (w,), (n,), transpose_w,
+                 dtype, int(threads))
   return out.reshape(x.shape[:-1] + (n,))
+
+
+def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
+            threads: int = 0) -> Tuple[Array, ...]:
+  """(x @ w for w in ws), in one kernel call for few rows on CPU.
+
+  A decode step multiplies the same rows by q, k and v (and by an MLP's
+  input projections): one call streams all of them with one wait on its
+  threads, where separate calls each wait on theirs. Every output is
+  bit-identical to `matmul(x, w)`.
+
+  Args:
+    x: [..., K] activations; leading axes are rows.
+    ws: [K, N_j] weights, at least one.
+    force_xla: always use XLA's dot (reference / A-B).
+    threads: threads the kernel uses, 0 for one per core.
+
+  Returns:
+    One [..., N_j] per weight, as `matmul(x, w)` gives. Weights of different
+    dtypes are multiplied one call each.
+
+  Raises:
+    ValueError: on an empty `ws`, rank or shape mismatch, or negative
+      `threads`.
+  """
+  _check_threads(threads)
+  x, ws = jnp.asarray(x), tuple(jnp.asarray(w) for w in ws)
+  if not ws:
+    raise ValueError('matmuls needs at least one weight.')
+  for w in ws:
+    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
+      raise ValueError(f'matmuls needs x [..., K] and 2-D weights [K, N], got '
+                       f'{x.shape} and {[w.shape for w in ws]}.')
+  rows = int(np.prod(x.shape[:-1]))
+  if (force_xla or len(ws) == 1 or any(w.shape[1] == 0 for w in ws) or
+      not _kernel_takes(x, ws, rows)):
+    return tuple(matmul(x, w, force_xla=force_xla, threads=threads)
+                 for w in ws)
+  dtype = jnp.result_type(x.dtype, ws[0].dtype)
+  outs = _kernel(x.reshape(rows, x.shape[-1]), ws,
+                 tuple(w.shape[1] for w in ws), False, dtype, int(threads))
+  return tuple(o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs)
 
 
 def main(argv) -> int:

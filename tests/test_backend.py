@@ -46,15 +46,16 @@ def _equations(jaxpr):
 
 
 def _ops(fn, *args):
-  """(dot_general lhs shapes, kernel calls' `threads`) of fn's program."""
-  dots, kernel_threads = [], []
+  """(dot_general lhs shapes, kernel calls' (`threads`, weights)) of fn's
+  program."""
+  dots, kernel_calls = [], []
   for eqn in _equations(jax.make_jaxpr(fn)(*args)):
     if eqn.primitive.name == 'dot_general':
       dots.append(tuple(eqn.invars[0].aval.shape))
     elif eqn.primitive.name == 'ffi_call':
       attributes = dict(eqn.params['attributes'])
-      kernel_threads.append(int(attributes['threads']))
-  return dots, kernel_threads
+      kernel_calls.append((int(attributes['threads']), len(eqn.invars) - 1))
+  return dots, kernel_calls
 
 
 def _model(**numerics):
@@ -262,9 +263,11 @@ class TracedProgramTest(parameterized.TestCase):
       module, params = _model(decode_matmul=setting, kernel_threads=threads)
       (greedy, greedy_ffi), (speed, speed_ffi) = self._steps(module, params,
                                                              kernel=True)
-      # 7 projections per virtual layer and the classifier.
-      self.assertEqual(greedy_ffi, [threads] * (6 * 7 + 1))
-      self.assertEqual(speed_ffi, [threads] * (2 * 7 + 1))
+      # Per virtual layer: q/k/v as one call, the attention output, the two
+      # MLP inputs as one, the MLP output; then the classifier.
+      layer = [(threads, 3), (threads, 1), (threads, 2), (threads, 1)]
+      self.assertEqual(greedy_ffi, layer * 6 + [(threads, 1)])
+      self.assertEqual(speed_ffi, layer * 2 + [(threads, 1)])
       self.assertLen(greedy, 6 * 2)      # attention products only
       self.assertLen(speed, 2 * 2)
 

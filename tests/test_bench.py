@@ -12,11 +12,15 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import jax
+import jax.numpy as jnp
 
+from t5x_speed import rowmatmul
 from tools import bench
 from tools import bench_measure
 from tools import bench_report
 from tools import common
+from tools import decode_profile
 from tools import demo_model
 from tools import replay
 from tools import sample_bench
@@ -231,6 +235,23 @@ class BenchRunTest(absltest.TestCase):
       table = f.read()
     self.assertIn('| 4x3 | 8 | short | speed_pipeline |', table)
     self.assertIn('GB/s median', table)
+
+
+class DecodeProfileTest(absltest.TestCase):
+
+  def test_kernel_calls_by_shape(self):
+    if not rowmatmul.available():
+      self.skipTest('kernel not built (no C++ compiler)')
+    x = jnp.ones((3, 64))
+    hlo = jax.jit(lambda x: (
+        rowmatmul.matmuls(x, [jnp.ones((64, 32))] * 3),
+        rowmatmul.matmul(x, jnp.ones((64, 48), jnp.bfloat16)),
+        rowmatmul.matmul(x, jnp.ones((100, 64)), transpose_w=True, cols=50),
+    )).lower(x).compile().as_text()
+    self.assertCountEqual(decode_profile._kernel_shapes(hlo).values(), [
+        ('3 x 64 x 32+32+32 f32', 64 * 96 * 4),
+        ('3 x 64 x 48 bf16', 64 * 48 * 2),
+        ('3 x 64 x 50 f32', 64 * 50 * 4)])
 
 
 class ProgressTest(absltest.TestCase):

@@ -239,6 +239,97 @@ class ThreadsTest(parameterized.TestCase):
     np.testing.assert_array_equal(three, every_core)
 
 
+@needs_kernel
+class MatmulsTest(parameterized.TestCase):
+  """Several weights sharing x in one call: each output is `matmul(x, w)`."""
+
+  # q/k/v-like, MLP-like, and a small weight that is one task of its own.
+  SHAPES = ((768, 768, 768), (768, 2048, 2048), (768, 40, 2048))
+
+  @parameterized.product(dtype=(F32, BF16))
+  def test_each_output_is_its_own_matmul(self, dtype):
+    """Every (rows, weights) case in one compiled program, one kernel call
+    per case; each output bit-identical to its own call, and each row to
+    that row alone."""
+    cases = []
+    for rows, shape in itertools.product((1, 3, 12), self.SHAPES):
+      x, _ = _data(rows, 768, 1, dtype, seed=rows)
+      ws = tuple(_data(1, 768, n, dtype, seed=10 * rows + j)[1]
+                 for j, n in enumerate(shape))
+      cases.append((x, ws))
+    hlo = jax.jit(lambda x, ws: rowmatmul.matmuls(x, ws)).lower(
+        *cases[0]).as_text()
+    self.assertEqual(hlo.count('@t5x_speed_rowmatmul('), 1,
+                     hlo)
+    fused = jax.jit(lambda cases: [rowmatmul.matmuls(x, ws)
+                                   for x, ws in cases])(cases)
+    apart = jax.jit(lambda cases: [[rowmatmul.matmul(x, w) for w in ws]
+                                   for x, ws in cases])(cases)
+    for (x, ws), got, want in zip(cases, fused, apart):
+      case = f'{x.shape[0]} rows, {[w.shape for w in ws]}, {_name(dtype)}'
+      self.assertLen(got, len(ws), case)
+      for g, a, w in zip(got, want, ws):
+        np.testing.assert_array_equal(_bits(g), _bits(a), case)
+        _assert_close(self, g, x, w, case=case)
+      last, x = _bits(got[-1]), np.asarray(x)
+      for i in range(x.shape[0]):
+        np.testing.assert_array_equal(
+            last[i], _bits(_alone(x[i:i + 1], ws[-1]))[0], f'{case} row {i}')
+
+  def test_vmap_threads_and_leading_axes(self):
+    """Batched weights under vmap stay one call; `threads` and leading row
+    axes change nothing."""
+    x, _ = _data(6, 64, 1, F32)
+    x = x.reshape(2, 3, 64)
+    wa = jnp.stack([_data(1, 64, 48, F32, seed=s)[1] for s in (1, 2)])
+    wb = jnp.stack([_data(1, 64, 1030, F32, seed=s)[1] for s in (3, 4)])
+    f = jax.jit(jax.vmap(lambda x, a, b: rowmatmul.matmuls(x, [a, b])))
+    hlo = f.lower(x, wa, wb).as_text()
+    self.assertEqual(hlo.count('@t5x_speed_rowmatmul('), 1,
+                     hlo)
+    got = f(x, wa, wb)
+    for i in range(2):
+      for g, w in zip(got, (wa, wb)):
+        np.testing.assert_array_equal(_bits(g[i]), _bits(_alone(x[i], w[i])))
+    x4 = x.reshape(3, 2, 64)
+    for threads in (1, 3):
+      for g, w in zip(rowmatmul.matmuls(x4, [wa[0], wb[0]], threads=threads),
+                      (wa[0], wb[0])):
+        self.assertEqual(g.shape, (3, 2, w.shape[1]))
+        np.testing.assert_array_equal(
+            _bits(g).reshape(6, -1), _bits(_alone(x4.reshape(6, 64), w)))
+
+  def test_gradient_matches_xla(self):
+    x, wa = _data(3, 32, 16, F32)
+    _, wb = _data(3, 32, 8, F32, seed=1)
+    loss = lambda force: lambda x, wa, wb: sum(
+        jnp.sum(jnp.sin(o) * (i + 1)) for i, o in enumerate(
+            rowmatmul.matmuls(x, [wa, wb], force_xla=force)))
+    got = jax.grad(loss(False), argnums=(0, 1, 2))(x, wa, wb)
+    want = jax.grad(loss(True), argnums=(0, 1, 2))(x, wa, wb)
+    for g, r in zip(got, want):
+      np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+  def test_mixed_dtypes_many_rows_and_bad_arguments(self):
+    x, wa = _data(3, 16, 8, F32)
+    wb = _data(3, 16, 5, BF16, seed=1)[1]
+    hlo = jax.jit(lambda x, a, b: rowmatmul.matmuls(x, [a, b])).lower(
+        x, wa, wb).as_text()
+    self.assertEqual(hlo.count('@t5x_speed_rowmatmul('), 2)
+    for g, w in zip(rowmatmul.matmuls(x, [wa, wb]), (wa, wb)):
+      np.testing.assert_array_equal(_bits(g), _bits(rowmatmul.matmul(x, w)))
+    many, _ = _data(rowmatmul.MAX_ROWS + 1, 16, 1, F32)
+    for g, w in zip(rowmatmul.matmuls(many, [wa, wa]), (wa, wa)):
+      np.testing.assert_array_equal(g, lax.dot_general(
+          many, w, (((1,), (0,)), ((), ()))))
+    with self.assertRaisesRegex(ValueError, 'at least one weight'):
+      rowmatmul.matmuls(x, [])
+    with self.assertRaisesRegex(ValueError, '2-D weights'):
+      rowmatmul.matmuls(x, [wa, wa.T])
+    with self.assertRaisesRegex(ValueError, 'threads must be an integer'):
+      rowmatmul.matmuls(x, [wa], threads=-1)
+
+
 class EdgeCasesTest(parameterized.TestCase):
 
   def test_zero_rows_and_empty_contraction(self):

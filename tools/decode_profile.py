@@ -39,25 +39,32 @@ ENCLOSING = ('ThunkExecutor', '$', 'PjitFunction', 'Common', 'ParseArg',
 # (G, R) of each method's Base-width model.
 MODELS = {'speed': (4, 3), 'speed_pipeline': (4, 3), 'greedy': (4, 3),
           'greedy_g': (4, 1), 'greedy_12l': (12, 1)}
-# A kernel call in the compiled HLO: its name, output shape, x's shape and
-# the weight's dtype.
+# A kernel call in the compiled HLO: its name, its outputs' shapes (one per
+# weight) and its operands' shapes (x, then the weights).
 _KERNEL_CALL = re.compile(
-    r'%(ffi_call[\w.]*) = (\w+)\[([\d,]*)\]\S* custom-call\(.*?'
-    r'operand_layout_constraints=\{(\w+)\[([\d,]*)\]\S*, '
-    r'(\w+)\[')
+    r'%(ffi_call[\w.]*) = (.*?) custom-call\(.*?'
+    r'operand_layout_constraints=\{(.*?)\}, api_version')
+_SHAPE = re.compile(r'(\w+)\[([\d,]*)\]')
 _BYTES = {'f32': 4, 'bf16': 2}
+
+
+def _shapes(text: str) -> list:
+  return [(dtype, [int(d) for d in dims.split(',') if d])
+          for dtype, dims in _SHAPE.findall(text)]
 
 
 def _kernel_shapes(hlo: str) -> dict:
   """{call name: (label 'rows x K x N dtype', weight bytes)} of the
-  kernel calls in compiled HLO text."""
+  kernel calls in compiled HLO text; a call of several weights has N
+  'N1+N2+...'."""
   shapes = {}
   for m in _KERNEL_CALL.finditer(hlo):
-    name, w_dtype = m.group(1), m.group(6)
-    out, x = ([int(d) for d in m.group(i).split(',') if d] for i in (3, 5))
-    rows, k, n = int(np.prod(x[:-1])), x[-1], out[-1]
-    shapes[name] = (f'{rows} x {k} x {n} {w_dtype}',
-                    k * n * _BYTES.get(w_dtype, 4))
+    outs = _shapes(m.group(2))
+    (_, x), (w_dtype, _) = _shapes(m.group(3))[:2]
+    rows, k = int(np.prod(x[:-1])), x[-1]
+    ns = [out[-1] for _, out in outs]
+    shapes[m.group(1)] = (f'{rows} x {k} x {"+".join(map(str, ns))} '
+                          f'{w_dtype}', k * sum(ns) * _BYTES.get(w_dtype, 4))
   return shapes
 
 

@@ -6,7 +6,9 @@
 // products and sums are f32, and a bf16 output is rounded once at the end,
 // as XLA's bf16 dot does):
 //
-//   t5x_speed_rowmatmul     w[K, N]:  out = x @ w      (Dense kernels)
+//   t5x_speed_rowmatmul     w_j[K, N_j]: out_j = x @ w_j for one or more
+//                           weights sharing x (Dense kernels; q, k and v, or
+//                           an MLP's input projections, in one call)
 //   t5x_speed_rowmatmul_nt  w[N', K]: out = x @ w[:N].T, N <= N' taken from
 //                           out's shape (the tied-embedding classifier,
 //                           [vocab, emb], scored over a vocabulary prefix
@@ -23,7 +25,7 @@
 // The arithmetic, and why each row is bit-identical to the same row alone:
 // row_kernels.h.
 //
-// Threads: output columns are cut into chunks claimed from an atomic counter
+// Threads: output columns (of every weight) are cut into chunks claimed from an atomic counter
 // by the calling thread and by helpers scheduled on XLA's intra-op thread
 // pool. The caller claims whatever the helpers have not started, so the call
 // never waits on a helper that has not been scheduled yet (no deadlock when
@@ -143,18 +145,6 @@ int64_t ChunkColumns(const Problem<W, O>& p, int threads) {
   return std::min(l1, (per_thread + kLanes - 1) / kLanes * kLanes);
 }
 
-template <typename W, typename O>
-void Run(ffi::ThreadPool& pool, const Problem<W, O>& p, int max_threads) {
-  const int64_t bytes = p.K * p.N * static_cast<int64_t>(sizeof(W));
-  int threads = bytes >= kMinParallelBytes ? max_threads : 1;
-  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
-  const int64_t per = ChunkColumns(p, threads);
-  const int64_t chunks = (p.N + per - 1) / per;
-  ParallelFor(pool, chunks, threads, [&](int64_t c) {
-    RunColumns(p, c * per, std::min(p.N, (c + 1) * per));
-  });
-}
-
 // ---------------------------------------------------------------------------
 // FFI entry points.
 
@@ -183,16 +173,26 @@ struct Batch {
   }
 };
 
+// One weight of a call: the buffers and the batch axes it shares with x.
+struct Operand {
+  const ffi::AnyBuffer* w;
+  ffi::AnyBuffer* out;
+  Batch batch;
+  int64_t N;
+};
+
 // x is converted to f32 once (exactly: bf16 -> f32 is a shift), zero-padded
-// to Kp for the dot-product form's vector tail; W and O are the weight and
-// output element types (float or uint16_t for bf16).
+// to Kp for the dot-product form's vector tail, and serves every weight; W
+// and O are the weight and output element types (float or uint16_t for
+// bf16). Every (batch element, weight, column chunk) is one task, and all
+// tasks of the call share one ParallelFor, so a call with several weights
+// (q, k and v) waits on its threads once.
 template <typename W, typename O>
 ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
-                    const ffi::AnyBuffer& w, ffi::AnyBuffer& out,
-                    const Batch& batch, int64_t M, int64_t K, int64_t N,
-                    bool transposed, int max_threads) {
+                    const std::vector<Operand>& operands, int64_t M,
+                    int64_t K, bool transposed, int max_threads) {
   const int64_t Kp = transposed ? (K + kLanes - 1) / kLanes * kLanes : K;
-  const int64_t rows = batch.x_count * M;
+  const int64_t rows = operands[0].batch.x_count * M;
   std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
   if (x.element_type() == ffi::DataType::F32) {
     const float* xs = static_cast<const float*>(x.untyped_data());
@@ -203,27 +203,42 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < K; ++k) xf[r * Kp + k] = Bf16ToF32(xs[r * K + k]);
   }
-  const auto wd = w.dimensions();
-  const int64_t w_matrix = wd[wd.size() - 2] * wd[wd.size() - 1];
-  const W* ws = static_cast<const W*>(w.untyped_data());
-  O* os = static_cast<O*>(out.untyped_data());
-  auto problem = [&](int64_t t) {
-    int64_t xi, wi;
-    batch.Offsets(t, &xi, &wi);
-    return Problem<W, O>{xf.data() + xi * M * Kp, Kp, ws + wi * w_matrix,
-                         os + t * M * N, M, K, N, transposed};
-  };
-  const int64_t bytes = K * N * static_cast<int64_t>(sizeof(W));
-  if (batch.count == 1 || bytes >= kMinParallelBytes) {
-    for (int64_t t = 0; t < batch.count; ++t) {
-      Run(pool, problem(t), max_threads);
-    }
-  } else {  // many small matrices: one per chunk
-    int threads = batch.count * bytes >= kMinParallelBytes ? max_threads : 1;
-    if (pool.num_threads() <= 0) threads = 1;
-    ParallelFor(pool, batch.count, threads,
-                [&](int64_t t) { RunColumns(problem(t), 0, N); });
+  int64_t total_bytes = 0;
+  for (const Operand& o : operands) {
+    total_bytes += o.batch.count * K * o.N * static_cast<int64_t>(sizeof(W));
   }
+  int threads = total_bytes >= kMinParallelBytes ? max_threads : 1;
+  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
+
+  struct Task {
+    Problem<W, O> p;
+    int64_t n0, n1;
+  };
+  std::vector<Task> tasks;
+  for (const Operand& o : operands) {
+    const auto wd = o.w->dimensions();
+    const int64_t w_matrix = wd[wd.size() - 2] * wd[wd.size() - 1];
+    const W* ws = static_cast<const W*>(o.w->untyped_data());
+    O* os = static_cast<O*>(o.out->untyped_data());
+    // A small matrix is one task: splitting it costs more than it saves.
+    const bool split = K * o.N * static_cast<int64_t>(sizeof(W)) >=
+                       kMinParallelBytes;
+    for (int64_t t = 0; t < o.batch.count; ++t) {
+      int64_t xi, wi;
+      o.batch.Offsets(t, &xi, &wi);
+      const Problem<W, O> p{xf.data() + xi * M * Kp, Kp, ws + wi * w_matrix,
+                            os + t * M * o.N, M, K, o.N, transposed};
+      const int64_t per = split ? ChunkColumns(p, threads) : o.N;
+      for (int64_t n0 = 0; n0 < o.N; n0 += per) {
+        tasks.push_back({p, n0, std::min(o.N, n0 + per)});
+      }
+    }
+  }
+  ParallelFor(pool, static_cast<int64_t>(tasks.size()), threads,
+              [&](int64_t i) {
+                const Task& task = tasks[i];
+                RunColumns(task.p, task.n0, task.n1);
+              });
   return ffi::Error::Success();
 }
 
@@ -270,44 +285,77 @@ ffi::Error Check(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
   return ffi::Error::Success();
 }
 
-ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                ffi::Result<ffi::AnyBuffer> out, int64_t threads,
+// out_j = x @ w_j (or x @ w_j.T) for every weight j. The weights share one
+// element type, as do the outputs.
+ffi::Error Impl(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
+                const std::vector<const ffi::AnyBuffer*>& weights,
+                const std::vector<ffi::AnyBuffer*>& outs, int64_t threads,
                 bool transposed) {
   if (threads < 0) {
     return ffi::Error::InvalidArgument("rowmatmul: threads must be >= 0");
   }
-  Batch batch;
-  int64_t M, K, N;
-  if (ffi::Error e = Check(x, w, *out, transposed, &batch, &M, &K, &N);
-      e.failure()) {
-    return e;
+  if (weights.empty() || weights.size() != outs.size()) {
+    return ffi::Error::InvalidArgument(
+        "rowmatmul: one result per weight, at least one weight");
   }
-  if (M == 0 || N == 0 || batch.count == 0) return ffi::Error::Success();
+  std::vector<Operand> operands(weights.size());
+  int64_t M = 0, K = 0;
+  bool empty = false;
+  for (size_t j = 0; j < weights.size(); ++j) {
+    Operand& o = operands[j];
+    o.w = weights[j];
+    o.out = outs[j];
+    if (ffi::Error e = Check(x, *o.w, *o.out, transposed, &o.batch, &M, &K,
+                             &o.N);
+        e.failure()) {
+      return e;
+    }
+    if (o.w->element_type() != weights[0]->element_type() ||
+        o.out->element_type() != outs[0]->element_type()) {
+      return ffi::Error::InvalidArgument(
+          "rowmatmul: the weights share one dtype, as do the results");
+    }
+    empty = empty || o.N == 0 || o.batch.count == 0;
+  }
+  if (M == 0 || empty) return ffi::Error::Success();
   const int n = NumThreads(threads);
-  const bool w32 = w.element_type() == ffi::DataType::F32;
-  const bool o32 = out->element_type() == ffi::DataType::F32;
+  const bool w32 = weights[0]->element_type() == ffi::DataType::F32;
+  const bool o32 = outs[0]->element_type() == ffi::DataType::F32;
   if (w32 && o32)
-    return Dispatch<float, float>(pool, x, w, *out, batch, M, K, N, transposed,
-                                  n);
+    return Dispatch<float, float>(pool, x, operands, M, K, transposed, n);
   if (w32)
-    return Dispatch<float, uint16_t>(pool, x, w, *out, batch, M, K, N,
-                                     transposed, n);
+    return Dispatch<float, uint16_t>(pool, x, operands, M, K, transposed, n);
   if (o32)
-    return Dispatch<uint16_t, float>(pool, x, w, *out, batch, M, K, N,
-                                     transposed, n);
-  return Dispatch<uint16_t, uint16_t>(pool, x, w, *out, batch, M, K, N,
-                                      transposed, n);
+    return Dispatch<uint16_t, float>(pool, x, operands, M, K, transposed, n);
+  return Dispatch<uint16_t, uint16_t>(pool, x, operands, M, K, transposed, n);
 }
 
-ffi::Error RowMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
-                     ffi::Result<ffi::AnyBuffer> out, int64_t threads) {
-  return Impl(pool, x, w, out, threads, /*transposed=*/false);
+ffi::Error RowMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x,
+                     ffi::RemainingArgs ws, ffi::RemainingRets os,
+                     int64_t threads) {
+  // AnyBuffer is a handle: the copies refer to XLA's buffers.
+  std::vector<ffi::AnyBuffer> w_held, o_held;
+  for (size_t j = 0; j < ws.size(); ++j) {
+    auto w = ws.get<ffi::AnyBuffer>(j);
+    if (w.has_error()) return w.error();
+    w_held.push_back(*w);
+  }
+  for (size_t j = 0; j < os.size(); ++j) {
+    auto o = os.get<ffi::AnyBuffer>(j);
+    if (o.has_error()) return o.error();
+    o_held.push_back(**o);
+  }
+  std::vector<const ffi::AnyBuffer*> weights;
+  std::vector<ffi::AnyBuffer*> outs;
+  for (const ffi::AnyBuffer& w : w_held) weights.push_back(&w);
+  for (ffi::AnyBuffer& o : o_held) outs.push_back(&o);
+  return Impl(pool, x, weights, outs, threads, /*transposed=*/false);
 }
 
 ffi::Error RowMatmulNT(ffi::ThreadPool pool, ffi::AnyBuffer x,
                        ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
                        int64_t threads) {
-  return Impl(pool, x, w, out, threads, /*transposed=*/true);
+  return Impl(pool, x, {&w}, {&*out}, threads, /*transposed=*/true);
 }
 
 }  // namespace
@@ -316,8 +364,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmul, RowMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
                                   .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmulNT, RowMatmulNT,
