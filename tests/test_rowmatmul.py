@@ -1,9 +1,10 @@
 """The few-row matmul kernel: values, row independence, threads, edge cases,
 fallback. (Which passes use it: test_backend.py.)
 
-Tolerances. The kernel sums each output in a fixed order (a chain of FMAs
-over k, or per-lane chains and a fixed horizontal sum for x @ w.T) that
-differs from XLA's, so against XLA's float32 dot:
+Tolerances. The kernel sums each output in a fixed order (chains of FMAs
+over slices of k and the slices' sum, or per-lane chains and a fixed
+horizontal sum for x @ w.T) that differs from XLA's, so against XLA's float32
+dot:
   |kernel - ref| <= 1e-5 * (|x| @ |w|)   (float32; the bound of a K-term sum
                                           is ~K * 2**-24 of that, K <= 2048)
 bfloat16 operands are compared with the float32-accumulated product of the
@@ -193,7 +194,8 @@ class VmapTest(parameterized.TestCase):
 class RowIndependenceTest(parameterized.TestCase):
   """Row i of an M-row call is bit-identical to that row alone."""
 
-  @parameterized.product(kn=((37, 5), (8, 1), (1, 9), (100, 130)),
+  # K = 300: two whole slices of 128 rows of w and a part one.
+  @parameterized.product(kn=((37, 5), (8, 1), (1, 9), (100, 130), (300, 37)),
                          dtype=(F32, BF16), transpose_w=(False, True))
   def test_small(self, kn, dtype, transpose_w):
     self._check((2, 3, 4, 5, 7, 8, 9, 13, 24, 48, rowmatmul.MAX_ROWS), *kn,

@@ -8,9 +8,11 @@
 // (R rows per step) multiplies exactly as greedy (one row) does, and the
 // result does not depend on `threads`.
 //
-//   * x @ w: out[r, n] is the chain acc = fma(x[r, k], w[k, n], acc) for
-//     k = 0..K-1 from acc = 0, in every code path (vector lanes and scalar
-//     tails alike, since a vector FMA is a per-lane scalar FMA).
+//   * x @ w: for each slice of kKSlice rows of w, the chain
+//     acc = fma(x[r, k], w[k, n], acc) over the slice's k from acc = 0, in
+//     every code path (vector lanes and scalar tails alike, since a vector
+//     FMA is a per-lane scalar FMA); out[r, n] is the slices' sum, left to
+//     right.
 //   * x @ w.T: lane l of a vector accumulator takes k = l (mod lanes) in
 //     order, then one fixed horizontal sum.
 //
@@ -155,11 +157,11 @@ inline void StoreOut(T* out, Vec v, int n) {
 constexpr int kKc = 8;  // rows of w per pass over the chunk
 
 template <int KC>
-inline void KnRows(const float* xk, int64_t K, int64_t M, const Vec* wv,
+inline void KnRows(const float* xk, int64_t ldx, int64_t M, const Vec* wv,
                    float* acc, int64_t stride) {
   for (int64_t r = 0; r < M; ++r, acc += stride) {
     Vec a = Load(acc);
-    for (int i = 0; i < KC; ++i) a = Fma(Set1(xk[r * K + i]), wv[i], a);
+    for (int i = 0; i < KC; ++i) a = Fma(Set1(xk[r * ldx + i]), wv[i], a);
     Store(acc, a);
   }
 }
@@ -167,25 +169,26 @@ inline void KnRows(const float* xk, int64_t K, int64_t M, const Vec* wv,
 // Rows [k, k + KC) of w over the chunk's `full` whole vectors and `tail`
 // remaining columns.
 template <int KC, typename W>
-inline void KnStep(const float* x, const W* w, int64_t M, int64_t K,
+inline void KnStep(const float* x, int64_t ldx, const W* w, int64_t M,
                    int64_t N, int64_t k, int64_t full, int tail, float* acc,
                    int64_t stride) {
   const W* wk = w + k * N;
   for (int64_t c = 0; c < full; c += kLanes) {
     Vec wv[KC];
     for (int i = 0; i < KC; ++i) wv[i] = Load(wk + i * N + c);
-    KnRows<KC>(x + k, K, M, wv, acc + c, stride);
+    KnRows<KC>(x + k, ldx, M, wv, acc + c, stride);
   }
   if (tail > 0) {
     Vec wv[KC];
     for (int i = 0; i < KC; ++i) wv[i] = LoadPartial(wk + i * N + full, tail);
-    KnRows<KC>(x + k, K, M, wv, acc + full, stride);
+    KnRows<KC>(x + k, ldx, M, wv, acc + full, stride);
   }
 }
 
+// Rows [0, K) of w (row length N) times x [M, ldx] over columns [n0, n1).
 template <typename W, typename O>
-void KnChunk(const float* x, const W* w, O* out, int64_t M, int64_t K,
-             int64_t N, int64_t n0, int64_t n1) {
+void KnChunk(const float* x, int64_t ldx, const W* w, O* out, int64_t M,
+             int64_t K, int64_t N, int64_t n0, int64_t n1) {
   const int64_t width = n1 - n0;
   const int64_t full = width / kLanes * kLanes;
   const int tail = static_cast<int>(width - full);
@@ -196,11 +199,33 @@ void KnChunk(const float* x, const W* w, O* out, int64_t M, int64_t K,
   const W* wc = w + n0;
   int64_t k = 0;
   for (; k + kKc <= K; k += kKc)
-    KnStep<kKc>(x, wc, M, K, N, k, full, tail, acc, stride);
-  for (; k < K; ++k) KnStep<1>(x, wc, M, K, N, k, full, tail, acc, stride);
+    KnStep<kKc>(x, ldx, wc, M, N, k, full, tail, acc, stride);
+  for (; k < K; ++k) KnStep<1>(x, ldx, wc, M, N, k, full, tail, acc, stride);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t c = 0; c < width; ++c)
       FromF32(acc[r * stride + c], out + r * N + n0 + c);
+}
+
+// x @ w in slices of kKSlice rows of w: each slice is a contiguous block of
+// w, so a thread streams it as one run of memory (a column chunk of the whole
+// of w would be K short runs), and the slices give the threads work even
+// when w has few columns. out = sum of the slices' products, in slice order.
+constexpr int64_t kKSlice = 128;
+
+inline int64_t KnSlices(int64_t K) {
+  return std::max<int64_t>(1, (K + kKSlice - 1) / kKSlice);
+}
+
+// out[i] = partials[0][i] + partials[1][i] + ... (left to right) for the
+// `size` elements of one product, each slice's partials [M, N] f32; sums in
+// place in slice 0.
+template <typename O>
+void KnSumSlices(float* partials, int64_t slices, int64_t size, O* out) {
+  for (int64_t s = 1; s < slices; ++s) {
+    const float* add = partials + s * size;
+    for (int64_t i = 0; i < size; ++i) partials[i] += add[i];
+  }
+  for (int64_t i = 0; i < size; ++i) FromF32(partials[i], out + i);
 }
 
 // ---------------------------------------------------------------------------
@@ -297,7 +322,7 @@ void RunRowGroups(const Problem<W, O>& p, int64_t n0, int64_t n1) {
 template <typename W, typename O>
 void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
   if (!p.transposed) {  // x has row stride Kp == K here
-    KnChunk(p.x, p.w, p.out, p.M, p.K, p.N, n0, n1);
+    KnChunk(p.x, p.Kp, p.w, p.out, p.M, p.K, p.N, n0, n1);
     return;
   }
   if (p.M <= kMaxGroupRows) {

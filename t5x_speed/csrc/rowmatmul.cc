@@ -129,20 +129,14 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t chunks, int threads,
 // costs more than it saves.
 constexpr int64_t kMinParallelBytes = 256 * 1024;
 
-// Columns per chunk. x @ w: the rows' partial sums (M x width f32) must stay
-// in L1, and each thread gets at least one chunk. x @ w.T: 64 output columns
-// (64 streamed rows of w) per chunk, a few chunks per thread for balance.
+// Output columns per chunk of x @ w.T: 64 (64 streamed rows of w) at least,
+// a few chunks per thread for balance.
 template <typename W, typename O>
 int64_t ChunkColumns(const Problem<W, O>& p, int threads) {
-  if (p.transposed) {
-    const int64_t units = (p.N + 63) / 64;
-    const int64_t chunks =
-        std::max<int64_t>(1, std::min<int64_t>(units, 4 * threads));
-    return (units + chunks - 1) / chunks * 64;
-  }
-  const int64_t l1 = std::max<int64_t>(kLanes, 4096 / p.M / kLanes * kLanes);
-  const int64_t per_thread = (p.N + threads - 1) / threads;
-  return std::min(l1, (per_thread + kLanes - 1) / kLanes * kLanes);
+  const int64_t units = (p.N + 63) / 64;
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min<int64_t>(units, 4 * threads));
+  return (units + chunks - 1) / chunks * 64;
 }
 
 // ---------------------------------------------------------------------------
@@ -179,7 +173,39 @@ struct Operand {
   ffi::AnyBuffer* out;
   Batch batch;
   int64_t N;
+
+  // The product of batch element t, x being the call's f32 rows [.., M, Kp].
+  template <typename W, typename O>
+  Problem<W, O> At(int64_t t, const float* x, int64_t M, int64_t Kp,
+                   bool transposed) const {
+    const auto wd = w->dimensions();
+    const int64_t w_matrix = wd[wd.size() - 2] * wd[wd.size() - 1];
+    int64_t xi, wi;
+    batch.Offsets(t, &xi, &wi);
+    const int64_t K = transposed ? wd[wd.size() - 1] : wd[wd.size() - 2];
+    return Problem<W, O>{x + xi * M * Kp, Kp,
+                         static_cast<const W*>(w->untyped_data()) +
+                             wi * w_matrix,
+                         static_cast<O*>(out->untyped_data()) + t * M * N, M,
+                         K, N, transposed};
+  }
 };
+
+// Columns [n0, n1) of one product.
+template <typename W, typename O>
+struct Task {
+  Problem<W, O> p;
+  int64_t n0, n1;
+};
+
+template <typename W, typename O>
+void RunTasks(ffi::ThreadPool& pool, const std::vector<Task<W, O>>& tasks,
+              int threads) {
+  ParallelFor(pool, static_cast<int64_t>(tasks.size()), threads,
+              [&](int64_t i) {
+                RunColumns(tasks[i].p, tasks[i].n0, tasks[i].n1);
+              });
+}
 
 // x is converted to f32 once (exactly: bf16 -> f32 is a shift), zero-padded
 // to Kp for the dot-product form's vector tail, and serves every weight; W
@@ -210,35 +236,57 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   int threads = total_bytes >= kMinParallelBytes ? max_threads : 1;
   if (threads > 1 && pool.num_threads() <= 0) threads = 1;
 
-  struct Task {
-    Problem<W, O> p;
-    int64_t n0, n1;
+  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
+  if (transposed) {
+    std::vector<Task<W, O>> tasks;
+    for (const Operand& o : operands) {
+      // A small matrix is one task: splitting it costs more than it saves.
+      const bool split = K * o.N * static_cast<int64_t>(sizeof(W)) >=
+                         kMinParallelBytes;
+      for (int64_t t = 0; t < o.batch.count; ++t) {
+        const Problem<W, O> p = o.At<W, O>(t, xf.data(), M, Kp, true);
+        const int64_t per = split ? ChunkColumns(p, threads) : o.N;
+        for (int64_t n0 = 0; n0 < o.N; n0 += per) {
+          tasks.push_back({p, n0, std::min(o.N, n0 + per)});
+        }
+      }
+    }
+    RunTasks(pool, tasks, threads);
+    return ffi::Error::Success();
+  }
+  // x @ w: each (matrix, K slice, column chunk) is a task writing the
+  // slice's f32 partial products; then each matrix's slices are summed.
+  const int64_t slices = KnSlices(K);
+  const int64_t width = std::max<int64_t>(kLanes, 4096 / M / kLanes * kLanes);
+  int64_t floats = 0;
+  for (const Operand& o : operands) floats += o.batch.count * slices * M * o.N;
+  std::vector<float> partials(static_cast<size_t>(floats));
+  std::vector<Task<W, float>> tasks;
+  struct Sum {
+    float* partials;
+    int64_t size;
+    O* out;
   };
-  std::vector<Task> tasks;
+  std::vector<Sum> sums;
+  float* next = partials.data();
   for (const Operand& o : operands) {
-    const auto wd = o.w->dimensions();
-    const int64_t w_matrix = wd[wd.size() - 2] * wd[wd.size() - 1];
-    const W* ws = static_cast<const W*>(o.w->untyped_data());
-    O* os = static_cast<O*>(o.out->untyped_data());
-    // A small matrix is one task: splitting it costs more than it saves.
-    const bool split = K * o.N * static_cast<int64_t>(sizeof(W)) >=
-                       kMinParallelBytes;
     for (int64_t t = 0; t < o.batch.count; ++t) {
-      int64_t xi, wi;
-      o.batch.Offsets(t, &xi, &wi);
-      const Problem<W, O> p{xf.data() + xi * M * Kp, Kp, ws + wi * w_matrix,
-                            os + t * M * o.N, M, K, o.N, transposed};
-      const int64_t per = split ? ChunkColumns(p, threads) : o.N;
-      for (int64_t n0 = 0; n0 < o.N; n0 += per) {
-        tasks.push_back({p, n0, std::min(o.N, n0 + per)});
+      const Problem<W, O> p = o.At<W, O>(t, xf.data(), M, Kp, false);
+      sums.push_back({next, M * o.N, p.out});
+      for (int64_t s = 0; s < slices; ++s, next += M * o.N) {
+        const int64_t k0 = s * kKSlice;
+        const Problem<W, float> slice{p.x + k0, Kp, p.w + k0 * o.N, next, M,
+                                      std::min(kKSlice, K - k0), o.N, false};
+        for (int64_t n0 = 0; n0 < o.N; n0 += width) {
+          tasks.push_back({slice, n0, std::min(o.N, n0 + width)});
+        }
       }
     }
   }
-  ParallelFor(pool, static_cast<int64_t>(tasks.size()), threads,
-              [&](int64_t i) {
-                const Task& task = tasks[i];
-                RunColumns(task.p, task.n0, task.n1);
-              });
+  RunTasks(pool, tasks, threads);
+  for (const Sum& sum : sums) {
+    KnSumSlices(sum.partials, slices, sum.size, sum.out);
+  }
   return ffi::Error::Success();
 }
 
