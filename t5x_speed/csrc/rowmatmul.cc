@@ -255,9 +255,10 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
     return ffi::Error::Success();
   }
   // x @ w: each (matrix, K slice, column chunk) is a task writing the
-  // slice's f32 partial products; then each matrix's slices are summed.
+  // slice's f32 partial products; then each matrix's slices are summed. A
+  // chunk's M x width running sums stay within a 32 KiB L1.
   const int64_t slices = KnSlices(K);
-  const int64_t width = std::max<int64_t>(kLanes, 4096 / M / kLanes * kLanes);
+  const int64_t width = std::max<int64_t>(kLanes, 8192 / M / kLanes * kLanes);
   int64_t floats = 0;
   for (const Operand& o : operands) floats += o.batch.count * slices * M * o.N;
   std::vector<float> partials(static_cast<size_t>(floats));
