@@ -25,6 +25,11 @@ traced:
   GEMV per row when the weights fit in the last-level cache: they are read
   from memory once and from cache after, instead of packed for a GEMM.
 
+* A decode step's attention over its caches (`layers.cached_attention`):
+  where the step's weight matmuls use the kernel, the row-by-row attention
+  of `t5x_speed.rowattention` (same library), so that SPEED's attention is
+  bit-identical to greedy's too; elsewhere XLA's ops.
+
 * Gathers and scatters of 16-bit floats (`layers.Embed`, `layers.write_cache`)
   move the bits as uint16 in every pass: they only move values, and XLA:CPU
   would convert the whole operand to float32 and back. Their derivative is
@@ -64,6 +69,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from t5x_speed import rowattention
 from t5x_speed import rowmatmul
 
 Array = jax.Array
@@ -224,6 +230,20 @@ def kernel_matmuls(x: Array, ws: Sequence[Array]) -> Tuple[Array, ...]:
   """`rowmatmul.matmuls` with the threads of the decode step being traced."""
   numerics = decode_numerics() or DecodeNumerics()
   return rowmatmul.matmuls(x, ws, threads=numerics.kernel_threads)
+
+
+def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
+                     stages: Sequence[int]) -> Array:
+  """`rowattention.cached_attention` as the step being traced runs it.
+
+  The kernel's attention where the decode step's matmuls use the kernel;
+  XLA's ops (`rowattention.reference`) elsewhere.
+  """
+  numerics = decode_numerics()
+  kernel = numerics is not None and _kernel_runs(numerics.matmul)
+  return rowattention.cached_attention(
+      query, keys, values, bias, stages=stages, force_xla=not kernel,
+      threads=numerics.kernel_threads if kernel else 0)
 
 
 def move_values(move: Callable[..., Array], values: Sequence[Array],

@@ -318,35 +318,22 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
                              positions)
 
 
-def read_cache(cache: Array, stages: Sequence[int]) -> Array:
-  """The caches of `stages`: [slots, batch, heads, length, head_dim]."""
-  if tuple(stages) == tuple(range(cache.shape[0])):
-    return cache
-  if len(stages) == 1:
-    return cache[stages[0]][None]
-  return cache[np.asarray(stages)]
-
-
-def cached_attention(query: Array, keys: Array, values: Array,
-                     bias: Array) -> Array:
+def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
+                     stages: Sequence[int]) -> Array:
   """Attention of one query per slot against its own stage's cache.
 
-  The cache keeps length next to head_dim, so both products contract over
-  contiguous memory without moving the cache.
+  In a decode step whose matmuls use the few-row kernel, the kernel's
+  row-by-row attention (`t5x_speed.rowattention`); elsewhere XLA's ops.
 
   Args:
     query: [batch, slots, heads, head_dim].
-    keys: [slots, batch, heads, length, head_dim].
-    values: [slots, batch, heads, length, head_dim].
+    keys: [stages, batch, heads, length, head_dim], every stage's cache.
+    values: like `keys`.
     bias: [batch, slots, heads, length], relative-position bias plus the
       mask of keys after each query's own position.
+    stages: static stage index of each slot, len(stages) == slots.
 
   Returns:
     [batch, slots, heads, head_dim].
   """
-  query = jnp.swapaxes(query, 0, 1)                           # [s, b, h, d]
-  weights = jnp.einsum('sbhd,sbhld->sbhl', query, keys)
-  weights = jax.nn.softmax(weights + jnp.swapaxes(bias, 0, 1).astype(
-      weights.dtype))
-  context = jnp.einsum('sbhl,sbhld->sbhd', weights.astype(query.dtype), values)
-  return jnp.swapaxes(context, 0, 1)
+  return backend.cached_attention(query, keys, values, bias, stages)

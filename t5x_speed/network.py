@@ -182,8 +182,7 @@ class DecoderLayer(nn.Module):
     q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
     keys = layers.write_cache(keys, stages, positions, k)
     values = layers.write_cache(values, stages, positions, v)
-    context = layers.cached_attention(q, layers.read_cache(keys, stages),
-                                      layers.read_cache(values, stages), bias)
+    context = layers.cached_attention(q, keys, values, bias, stages)
     return self._mlp_block(x + self.self_attention(context), True), keys, values
 
 

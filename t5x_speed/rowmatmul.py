@@ -8,7 +8,8 @@ defeats SPEED's premise that R rows cost about one. The kernel in
 accumulators, AVX-512 / AVX2+FMA / portable, on `threads` threads), and
 computes every row with the same arithmetic whatever the number of rows, so
 a token's weight products are bit-identical in greedy (1 row) and SPEED (R
-rows) (the attention and norms around them are XLA's).
+rows). The same library holds the decode step's attention over its caches
+(`t5x_speed.rowattention`).
 
 The kernel is compiled on first use with the system C++ compiler into a cache
 keyed by the source, jaxlib version, compiler and CPU (`python -m
@@ -62,9 +63,13 @@ MAX_ROWS = 64
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc')
 _SOURCE = os.path.join(_CSRC, 'rowmatmul.cc')
-_HEADERS = (os.path.join(_CSRC, 'row_kernels.h'),)
+_HEADERS = tuple(os.path.join(_CSRC, h)
+                 for h in ('row_kernels.h', 'row_attention.h'))
 _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
-_SYMBOLS = {False: 'T5xSpeedRowMatmul', True: 'T5xSpeedRowMatmulNT'}
+# Every FFI target of the library (the attention's: `t5x_speed.rowattention`).
+_SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
+            't5x_speed_rowmatmul_nt': 'T5xSpeedRowMatmulNT',
+            't5x_speed_cached_attention': 'T5xSpeedCachedAttention'}
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
               '-fno-math-errno')
@@ -185,10 +190,9 @@ def _register(path: str) -> str:
   Once per library: XLA's target registry is process-wide.
   """
   lib = ctypes.cdll.LoadLibrary(path)
-  for transposed, target in _TARGETS.items():
-    jax.ffi.register_ffi_target(
-        target, jax.ffi.pycapsule(getattr(lib, _SYMBOLS[transposed])),
-        platform='cpu')
+  for target, symbol in _SYMBOLS.items():
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                platform='cpu')
   lib.T5xSpeedRowMatmulIsa.restype = ctypes.c_char_p
   return lib.T5xSpeedRowMatmulIsa().decode()
 

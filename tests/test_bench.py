@@ -15,6 +15,7 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
+from t5x_speed import rowattention
 from t5x_speed import rowmatmul
 from tools import bench
 from tools import bench_measure
@@ -243,15 +244,20 @@ class DecodeProfileTest(absltest.TestCase):
     if not rowmatmul.available():
       self.skipTest('kernel not built (no C++ compiler)')
     x = jnp.ones((3, 64))
+    cache = jnp.ones((2, 1, 4, 9, 16))
     hlo = jax.jit(lambda x: (
         rowmatmul.matmuls(x, [jnp.ones((64, 32))] * 3),
         rowmatmul.matmul(x, jnp.ones((64, 48), jnp.bfloat16)),
         rowmatmul.matmul(x, jnp.ones((100, 64)), transpose_w=True, cols=50),
+        rowattention.cached_attention(x.reshape(1, 3, 4, 16), cache, cache,
+                                      jnp.zeros((1, 3, 4, 9)),
+                                      stages=(0, 1, 1)),
     )).lower(x).compile().as_text()
     self.assertCountEqual(decode_profile._kernel_shapes(hlo).values(), [
         ('3 x 64 x 32+32+32 f32', 64 * 96 * 4),
         ('3 x 64 x 48 bf16', 64 * 48 * 2),
-        ('3 x 64 x 50 f32', 64 * 50 * 4)])
+        ('3 x 64 x 50 f32', 64 * 50 * 4),
+        ('attention: 12 rows x 9 keys f32', 0)])
 
 
 class ProgressTest(absltest.TestCase):

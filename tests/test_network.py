@@ -353,7 +353,8 @@ class CacheAndEmbeddingTest(parameterized.TestCase):
         cache = layers.write_cache(cache, tuple(range(stages)), positions,
                                    query)
         context = layers.cached_attention(query, cache, cache,
-                                          jnp.zeros((1, stages, 2, 9)))
+                                          jnp.zeros((1, stages, 2, 9)),
+                                          tuple(range(stages)))
         return cache, total + context.sum()
       return jax.lax.fori_loop(0, 5, body, (cache, 0.0))
 

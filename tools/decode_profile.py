@@ -8,8 +8,8 @@ figures/avx512/decode_profile.txt).
 Runs the bench's replay (`replay.replay_decode`, the first B short test
 prompts, exits of the replayed 2x3 demo model in --demo_out) once under
 `jax.profiler`, and sums XLA:CPU's per-thunk trace events over the loop:
-`ffi_call` are the few-row kernel's weight products, the rest XLA's own ops
-(attention over the cache, norms, argmax, cache writes, ...). Kernel calls
+`ffi_call` are the kernel's weight products and attention, the rest XLA's
+own ops (norms, argmax, cache writes, ...). Kernel calls
 are also summed by shape (rows x K x N), with the rate at which they read
 their weights. Figures are per loop step; the profiler adds a little to each
 op.
@@ -43,6 +43,7 @@ MODELS = {'speed': (4, 3), 'speed_pipeline': (4, 3), 'greedy': (4, 3),
 # weight) and its operands' shapes (x, then the weights).
 _KERNEL_CALL = re.compile(
     r'%(ffi_call[\w.]*) = (.*?) custom-call\(.*?'
+    r'custom_call_target="(\w+)", '
     r'operand_layout_constraints=\{(.*?)\}, api_version')
 _SHAPE = re.compile(r'(\w+)\[([\d,]*)\]')
 _BYTES = {'f32': 4, 'bf16': 2}
@@ -54,13 +55,19 @@ def _shapes(text: str) -> list:
 
 
 def _kernel_shapes(hlo: str) -> dict:
-  """{call name: (label 'rows x K x N dtype', weight bytes)} of the
-  kernel calls in compiled HLO text; a call of several weights has N
-  'N1+N2+...'."""
+  """{call name: (label, weight bytes)} of the kernel calls in compiled HLO
+  text: matmuls 'rows x K x N dtype' (several weights: N 'N1+N2+...'), the
+  attention 'attention: rows x length keys dtype' (no weight bytes)."""
   shapes = {}
   for m in _KERNEL_CALL.finditer(hlo):
     outs = _shapes(m.group(2))
-    (_, x), (w_dtype, _) = _shapes(m.group(3))[:2]
+    operands = _shapes(m.group(4))
+    if 'attention' in m.group(3):
+      (_, query), (c_dtype, cache) = operands[:2]
+      shapes[m.group(1)] = (f'attention: {int(np.prod(query[:-1]))} rows x '
+                            f'{cache[-2]} keys {c_dtype}', 0)
+      continue
+    (_, x), (w_dtype, _) = operands[:2]
     rows, k = int(np.prod(x[:-1])), x[-1]
     ns = [out[-1] for _, out in outs]
     shapes[m.group(1)] = (f'{rows} x {k} x {"+".join(map(str, ns))} '
@@ -124,8 +131,9 @@ def profile(dtype: str, method: str, demo_out: str = 'demo_out',
         f'{sum(xla.values()) / 1e3:.2f} ms')
   for label, (t, calls, nbytes) in sorted(by_shape.items(),
                                           key=lambda kv: -kv[1][0]):
-    print(f'  {t:7.0f} us  kernel {label}: {calls} calls, '
-          f'{nbytes / max(t, 1e-9) / 1e3:.1f} GB/s of weights')
+    rate = (f', {nbytes / max(t, 1e-9) / 1e3:.1f} GB/s of weights'
+            if nbytes else '')
+    print(f'  {t:7.0f} us  kernel {label}: {calls} calls{rate}')
   for name, t in xla.most_common(8):
     print(f'  {t:7.0f} us  {name}')
 

@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "row_attention.h"
 #include "row_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -407,6 +408,119 @@ ffi::Error RowMatmulNT(ffi::ThreadPool pool, ffi::AnyBuffer x,
   return Impl(pool, x, {&w}, {&*out}, threads, /*transposed=*/true);
 }
 
+// ---------------------------------------------------------------------------
+// Cached attention: query [..., B, S, H, D], keys and values [..., R, B, H,
+// L, D] (one cache per stage), bias [..., B, S, H, L] -> out [..., B, S, H,
+// D]; slot s reads stage stages[s]. Leading axes are equal in every operand
+// (jax.vmap's broadcast_all). The arithmetic: row_attention.h.
+
+template <typename Q, typename C, typename B>
+ffi::Error Attend(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
+                  const ffi::AnyBuffer& keys, const ffi::AnyBuffer& values,
+                  const ffi::AnyBuffer& bias, ffi::AnyBuffer& out,
+                  const int64_t* stages, int64_t V, int64_t R, int64_t Bn,
+                  int64_t S, int64_t H, int64_t L, int64_t D,
+                  int max_threads) {
+  const Q* q = static_cast<const Q*>(query.untyped_data());
+  const C* k = static_cast<const C*>(keys.untyped_data());
+  const C* v = static_cast<const C*>(values.untyped_data());
+  const B* b = static_cast<const B*>(bias.untyped_data());
+  Q* o = static_cast<Q*>(out.untyped_data());
+  const int64_t rows = V * Bn * S * H;
+  const int64_t bytes = rows * L * D * 2 * static_cast<int64_t>(sizeof(C));
+  int threads = bytes >= kMinParallelBytes ? max_threads : 1;
+  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
+  const int64_t per = std::max<int64_t>(1, rows / (4 * threads));
+  const int64_t chunks = (rows + per - 1) / per;
+  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
+  ParallelFor(pool, chunks, threads, [&](int64_t c) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(L + 2 * Dp));
+    for (int64_t row = c * per; row < std::min(rows, (c + 1) * per); ++row) {
+      // row = ((vi * Bn + bi) * S + si) * H + hi
+      const int64_t hi = row % H, si = row / H % S, bi = row / (H * S) % Bn,
+                    vi = row / (H * S * Bn);
+      const int64_t cache = (((vi * R + stages[si]) * Bn + bi) * H + hi) * L * D;
+      AttendRow(q + row * D, k + cache, v + cache, b + row * L, L, D,
+                o + row * D, scratch.data());
+    }
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
+                           ffi::AnyBuffer keys, ffi::AnyBuffer values,
+                           ffi::AnyBuffer bias,
+                           ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Span<const int64_t> stages, int64_t threads) {
+  const auto qd = query.dimensions(), kd = keys.dimensions(),
+             vd = values.dimensions(), bd = bias.dimensions(),
+             od = out->dimensions();
+  const int64_t rank = static_cast<int64_t>(qd.size());
+  if (rank < 4 || static_cast<int64_t>(kd.size()) != rank + 1 ||
+      static_cast<int64_t>(bd.size()) != rank ||
+      static_cast<int64_t>(od.size()) != rank) {
+    return ffi::Error::InvalidArgument("cached_attention: operand ranks");
+  }
+  const int64_t lead = rank - 4;
+  int64_t V = 1;
+  for (int64_t i = 0; i < lead; ++i) {
+    if (kd[i] != qd[i] || bd[i] != qd[i] || od[i] != qd[i]) {
+      return ffi::Error::InvalidArgument(
+          "cached_attention: leading axes must be equal");
+    }
+    V *= qd[i];
+  }
+  const int64_t Bn = qd[lead], S = qd[lead + 1], H = qd[lead + 2],
+                D = qd[lead + 3], R = kd[lead], L = kd[lead + 3];
+  bool same_kv = vd.size() == kd.size();
+  for (size_t i = 0; same_kv && i < kd.size(); ++i) same_kv = vd[i] == kd[i];
+  if (!same_kv || kd[lead + 1] != Bn || kd[lead + 2] != H ||
+      kd[lead + 4] != D || bd[lead] != Bn || bd[lead + 1] != S ||
+      bd[lead + 2] != H || bd[lead + 3] != L || od[lead] != Bn ||
+      od[lead + 1] != S || od[lead + 2] != H || od[lead + 3] != D ||
+      static_cast<int64_t>(stages.size()) != S) {
+    return ffi::Error::InvalidArgument("cached_attention: shape mismatch");
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    if (stages[s] < 0 || stages[s] >= R) {
+      return ffi::Error::InvalidArgument("cached_attention: bad stage");
+    }
+  }
+  if (threads < 0) {
+    return ffi::Error::InvalidArgument("cached_attention: threads >= 0");
+  }
+  if (!IsFloat(query.element_type()) || !IsFloat(keys.element_type()) ||
+      values.element_type() != keys.element_type() ||
+      !IsFloat(bias.element_type()) ||
+      out->element_type() != query.element_type()) {
+    return ffi::Error::InvalidArgument(
+        "cached_attention: float32 or bfloat16 operands, keys and values of "
+        "one dtype, out of the query's");
+  }
+  if (V * Bn * S * H == 0 || D == 0) return ffi::Error::Success();
+  if (L == 0) {
+    return ffi::Error::InvalidArgument("cached_attention: empty cache");
+  }
+  const int n = NumThreads(threads);
+  const bool q32 = query.element_type() == ffi::DataType::F32;
+  const bool c32 = keys.element_type() == ffi::DataType::F32;
+  const bool b32 = bias.element_type() == ffi::DataType::F32;
+  const int64_t* st = stages.begin();
+#define T5X_SPEED_ATTEND(Q, C, B)                                         \
+  return Attend<Q, C, B>(pool, query, keys, values, bias, *out, st, V, R, \
+                         Bn, S, H, L, D, n)
+  if (q32 && c32 && b32) T5X_SPEED_ATTEND(float, float, float);
+  if (q32 && c32) T5X_SPEED_ATTEND(float, float, uint16_t);
+  if (q32 && b32) T5X_SPEED_ATTEND(float, uint16_t, float);
+  if (q32) T5X_SPEED_ATTEND(float, uint16_t, uint16_t);
+  if (c32 && b32) T5X_SPEED_ATTEND(uint16_t, float, float);
+  if (c32) T5X_SPEED_ATTEND(uint16_t, float, uint16_t);
+  if (b32) T5X_SPEED_ATTEND(uint16_t, uint16_t, float);
+  T5X_SPEED_ATTEND(uint16_t, uint16_t, uint16_t);
+#undef T5X_SPEED_ATTEND
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmul, RowMatmul,
@@ -423,6 +537,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmulNT, RowMatmulNT,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedCachedAttention, CachedAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("stages")
                                   .Attr<int64_t>("threads"));
 
 // For the Python side's log line: which vector path this build uses.

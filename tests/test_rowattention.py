@@ -1,0 +1,187 @@
+"""The kernel's attention over the caches: values, row independence, masks,
+threads, vmap, gradient, fallback; and, with it, SPEED's scores bit-identical
+to greedy's.
+
+Tolerances against XLA's float32 attention (`rowattention.reference`):
+|kernel - ref| <= 1e-5 * max |v| (sums in another order over softmax
+weights that add up to 1). bfloat16 operands are compared with the float32
+attention of the same bfloat16 values: the kernel rounds its float32 result
+once, so |kernel - ref| <= 2**-8 * |ref| + 1e-5 * max |v|.
+"""
+
+import dataclasses
+import itertools
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_speed import inference
+from t5x_speed import network
+from t5x_speed import rowattention
+from t5x_speed import rowmatmul
+import helpers
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+needs_kernel = absltest.skipUnless(rowmatmul.available(),
+                                   'kernel not built (no C++ compiler)')
+
+
+def _case(batch, slots, stages, length, dtype, seed, heads=3, dim=20,
+          positions=None):
+  """(query, keys, values, bias) with T5X's -1e10 mask after each slot's
+  position (-1: every key masked, as an empty slot)."""
+  rng = np.random.RandomState(seed)
+  draw = lambda *s: rng.standard_normal(s).astype(np.float32)
+  if positions is None:
+    positions = rng.randint(-1, length + 2, size=(batch, slots))
+  visible = np.arange(length) <= np.asarray(positions)[..., None, None]
+  bias = np.where(visible, draw(batch, slots, heads, length), -1e10)
+  arrays = (draw(batch, slots, heads, dim),
+            draw(stages, batch, heads, length, dim),
+            draw(stages, batch, heads, length, dim), bias.astype(np.float32))
+  return tuple(jnp.asarray(a.astype(dtype)) for a in arrays)
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.view(np.uint16 if a.dtype == jnp.bfloat16 else np.uint32)
+
+
+@needs_kernel
+class ValuesTest(parameterized.TestCase):
+
+  @parameterized.parameters(F32, BF16)
+  def test_equals_xla_and_each_row_alone(self, dtype):
+    """Every case in one compiled program: the kernel against XLA, and each
+    slot bit-identical to the same slot attended alone."""
+    cases = []
+    for (batch, slots, stages, length), order in itertools.product(
+        ((1, 1, 1, 9), (2, 3, 3, 17), (3, 2, 4, 40)), ('same', 'mixed')):
+      chosen = (tuple(range(slots)) if order == 'same' else
+                tuple((3 * s + 1) % stages for s in range(slots)))
+      cases.append((chosen, _case(batch, slots, stages, length, dtype,
+                                  seed=len(cases))))
+    run = jax.jit(lambda arrays: [
+        rowattention.cached_attention(*a, stages=st)
+        for (st, _), a in zip(cases, arrays)])
+    outs = run([a for _, a in cases])
+    alone = jax.jit(lambda a, st: rowattention.cached_attention(*a, stages=st),
+                    static_argnums=1)
+    for (stages, arrays), got in zip(cases, outs):
+      query, keys, values, bias = arrays
+      case = f'{query.shape} stages {stages} {jnp.dtype(dtype).name}'
+      self.assertEqual(got.dtype, query.dtype, case)
+      f32 = [jnp.asarray(a, F32) for a in arrays]
+      ref = np.asarray(rowattention.reference(*f32, stages), np.float64)
+      err = np.abs(np.asarray(got, np.float64) - ref)
+      tol = 1e-5 * float(np.abs(np.asarray(values, np.float32)).max())
+      if dtype == BF16:
+        tol = tol + 2.0**-8 * np.abs(ref)
+      self.assertTrue(np.all(err <= tol), f'{case}: {np.max(err - tol):.3g}')
+      for s in range(query.shape[1]):
+        one = alone((query[:, s:s + 1], keys, values, bias[:, s:s + 1]),
+                    (stages[s],))
+        np.testing.assert_array_equal(_bits(got)[:, s], _bits(one)[:, 0],
+                                      f'{case}: slot {s}')
+
+  def test_masked_keys_are_not_read(self):
+    """Keys after a row's position have weight 0 whatever they hold; a row
+    with every key masked attends to all of them, as XLA's softmax does."""
+    query, keys, values, bias = _case(1, 2, 2, 12, F32, seed=5,
+                                      positions=[[4, -1]])
+    poisoned = keys.at[:, :, :, 5:].set(jnp.nan)
+    got = rowattention.cached_attention(query, poisoned, values, bias,
+                                        stages=(0, 1))
+    self.assertTrue(np.isfinite(np.asarray(got[:, 0])).all())
+    np.testing.assert_allclose(
+        got[:, 0], rowattention.reference(query, keys, values, bias,
+                                          (0, 1))[:, 0], atol=1e-5)
+    np.testing.assert_allclose(
+        rowattention.cached_attention(query, keys, values, bias,
+                                      stages=(0, 1))[:, 1],
+        rowattention.reference(query, keys, values, bias, (0, 1))[:, 1],
+        atol=1e-5)
+
+  def test_threads_vmap_and_gradient(self):
+    arrays = _case(2, 3, 3, 30, F32, seed=7, heads=4, dim=32)
+    stages = (2, 0, 1)
+    f = jax.jit(lambda a: [rowattention.cached_attention(
+        *a, stages=stages, threads=t) for t in (0, 1, 3)])
+    every_core, one, three = (_bits(y) for y in f(arrays))
+    np.testing.assert_array_equal(one, every_core)
+    np.testing.assert_array_equal(three, every_core)
+    # vmap over the query only: one call, each element its own attention.
+    queries = jnp.stack([arrays[0], 2 * arrays[0]])
+    mapped = jax.jit(jax.vmap(lambda q: rowattention.cached_attention(
+        q, *arrays[1:], stages=stages)))
+    self.assertEqual(mapped.lower(queries).as_text().count(
+        '@t5x_speed_cached_attention('), 1)
+    got = mapped(queries)
+    for i in range(2):
+      np.testing.assert_array_equal(_bits(got[i]), _bits(
+          rowattention.cached_attention(queries[i], *arrays[1:],
+                                        stages=stages)))
+    loss = lambda force: lambda q, k, v: jnp.sum(jnp.sin(
+        rowattention.cached_attention(q, k, v, arrays[3], stages=stages,
+                                      force_xla=force)))
+    for g, r in zip(jax.grad(loss(False), (0, 1, 2))(*arrays[:3]),
+                    jax.grad(loss(True), (0, 1, 2))(*arrays[:3])):
+      np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
+
+class ArgumentsTest(absltest.TestCase):
+
+  def test_bad_arguments_raise(self):
+    query, keys, values, bias = _case(1, 2, 2, 6, F32, seed=0)
+    with self.assertRaisesRegex(ValueError, 'needs query'):
+      rowattention.cached_attention(query[0], keys, values, bias,
+                                    stages=(0, 1))
+    with self.assertRaisesRegex(ValueError, 'do not match'):
+      rowattention.cached_attention(query, keys, values, bias, stages=(0,))
+    with self.assertRaisesRegex(ValueError, 'do not match'):
+      rowattention.cached_attention(query, keys, values, bias, stages=(0, 2))
+    with self.assertRaisesRegex(ValueError, 'threads must be'):
+      rowattention.cached_attention(query, keys, values, bias, stages=(0, 1),
+                                    threads=-1)
+
+  def test_without_the_kernel_it_is_xla(self):
+    arrays = _case(1, 2, 2, 6, F32, seed=0)
+    with mock.patch.object(rowmatmul, 'available', return_value=False):
+      jaxpr = str(jax.make_jaxpr(lambda *a: rowattention.cached_attention(
+          *a, stages=(1, 0)))(*arrays))
+      got = rowattention.cached_attention(*arrays, stages=(1, 0))
+    self.assertNotIn('ffi_call', jaxpr)
+    np.testing.assert_array_equal(
+        got, rowattention.reference(*arrays, (1, 0)))
+
+
+@needs_kernel
+class SpeedScoresTest(parameterized.TestCase):
+  """With every decode-step matmul and the attention row-independent,
+  SPEED's final-exit logits are greedy's bit for bit: so are the scores
+  (sums of the chosen tokens' log-probabilities)."""
+
+  @parameterized.parameters(('float32', 'cycle', 0), ('float32', 'sequence', 1),
+                            ('bfloat16', 'cycle', 2))
+  def test_scores_are_greedys(self, dtype, sharing, seed):
+    module, params = helpers.random_model(2, 3, sharing, seed, 97)
+    module = network.SpeedTransformer(
+        dataclasses.replace(module.config, dtype=dtype))
+    rng = np.random.RandomState(seed)
+    lengths = rng.randint(1, 6, size=3)
+    prompts = rng.randint(2, 97, size=(3, 6))
+    run = lambda method: inference.generate(
+        module, params, jnp.asarray(prompts), jnp.asarray(lengths),
+        max_decode_steps=16, method=method, eos_id=1,
+        max_speculative_rows=None)  # the pipeline is the subject
+    speed, greedy = run('speed'), run('greedy')
+    np.testing.assert_array_equal(speed.tokens, greedy.tokens)
+    np.testing.assert_array_equal(_bits(speed.scores), _bits(greedy.scores))
+
+
+if __name__ == '__main__':
+  absltest.main()
