@@ -25,14 +25,17 @@ traced:
   GEMV per row when the weights fit in the last-level cache: they are read
   from memory once and from cache after, instead of packed for a GEMM.
 
-* A decode step's attention over its caches (`layers.cached_attention`):
-  where the step's weight matmuls use the kernel, the row-by-row attention
-  of `t5x_speed.rowattention` (same library), so that SPEED's attention is
-  bit-identical to greedy's too; elsewhere XLA's ops.
+* A decode step's cache writes and attention (`layers.cached_attention`):
+  where the step's weight matmuls use the kernel, one call of
+  `t5x_speed.rowattention` (same library) writes the caches in place and
+  attends row by row, so that SPEED's attention is bit-identical to
+  greedy's too; elsewhere `layers.write_cache` and XLA's ops.
 
 * Gathers and scatters of 16-bit floats (`layers.Embed`, `layers.write_cache`)
   move the bits as uint16 in every pass: they only move values, and XLA:CPU
-  would convert the whole operand to float32 and back. Their derivative is
+  would convert the whole operand to float32 and back. (A decode step with
+  the kernel gathers embedding rows with `rowmatmul.gather_rows`: XLA:CPU
+  still copies the whole table to uint16 per step.) Their derivative is
   the plain gather's or scatter's.
 
 * How many rows SPEED speculates with (`resolve_max_speculative_rows`). A
@@ -232,18 +235,25 @@ def kernel_matmuls(x: Array, ws: Sequence[Array]) -> Tuple[Array, ...]:
   return rowmatmul.matmuls(x, ws, threads=numerics.kernel_threads)
 
 
-def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
-                     stages: Sequence[int]) -> Array:
-  """`rowattention.cached_attention` as the step being traced runs it.
+def step_uses_kernel() -> bool:
+  """Whether the decode step being traced attends and gathers through the
+  kernel's library.
 
-  The kernel's attention where the decode step's matmuls use the kernel;
-  XLA's ops (`rowattention.reference`) elsewhere.
+  It does where its weight matmuls may use the kernel: a CPU backend, a
+  built kernel and `DecodeNumerics.matmul` other than 'xla'.
   """
   numerics = decode_numerics()
-  kernel = numerics is not None and _kernel_runs(numerics.matmul)
+  return numerics is not None and _kernel_runs(numerics.matmul)
+
+
+def kernel_attention(query: Array, keys: Array, values: Array, bias: Array,
+                     new_keys: Array, new_values: Array, positions: Array,
+                     stages: Sequence[int]) -> Tuple[Array, Array, Array]:
+  """`rowattention.cached_attention` with the step's kernel threads."""
+  numerics = decode_numerics() or DecodeNumerics()
   return rowattention.cached_attention(
-      query, keys, values, bias, stages=stages, force_xla=not kernel,
-      threads=numerics.kernel_threads if kernel else 0)
+      query, keys, values, bias, new_keys, new_values, positions,
+      stages=stages, threads=numerics.kernel_threads)
 
 
 def move_values(move: Callable[..., Array], values: Sequence[Array],

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import backend
+from t5x_speed import rowattention
+from t5x_speed import rowmatmul
 
 Array = jax.Array
 param_with_axes = nn_partitioning.param_with_axes
@@ -174,6 +176,9 @@ class Embed(nn.Module):
 
   def __call__(self, tokens: Array) -> Array:
     """Gathers rows: [...] int -> [..., features] in `dtype`."""
+    if backend.step_uses_kernel():
+      rows = rowmatmul.gather_rows(self.embedding, tokens)
+      return jnp.asarray(rows, self.dtype)
     table = jnp.asarray(self.embedding, self.dtype)
     return backend.move_values(lambda t, i: t[i], (table,), tokens)
 
@@ -319,11 +324,13 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
 
 
 def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
-                     stages: Sequence[int]) -> Array:
-  """Attention of one query per slot against its own stage's cache.
+                     new_keys: Array, new_values: Array, positions: Array,
+                     stages: Sequence[int]) -> Tuple[Array, Array, Array]:
+  """Writes a step's keys and values, then attends one query per slot.
 
-  In a decode step whose matmuls use the few-row kernel, the kernel's
-  row-by-row attention (`t5x_speed.rowattention`); elsewhere XLA's ops.
+  In a decode step whose matmuls use the few-row kernel, one kernel call
+  does both (`t5x_speed.rowattention`); elsewhere `write_cache` and XLA's
+  attention (`rowattention.reference`).
 
   Args:
     query: [batch, slots, heads, head_dim].
@@ -331,9 +338,18 @@ def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
     values: like `keys`.
     bias: [batch, slots, heads, length], relative-position bias plus the
       mask of keys after each query's own position.
+    new_keys: [batch, slots, heads, head_dim], this step's keys.
+    new_values: like `new_keys`.
+    positions: [batch, slots] absolute positions, -1 for an empty slot.
     stages: static stage index of each slot, len(stages) == slots.
 
   Returns:
-    [batch, slots, heads, head_dim].
+    (context [batch, slots, heads, head_dim], keys, values): the attention
+    and the updated caches.
   """
-  return backend.cached_attention(query, keys, values, bias, stages)
+  if backend.step_uses_kernel():
+    return backend.kernel_attention(query, keys, values, bias, new_keys,
+                                    new_values, positions, stages)
+  keys = write_cache(keys, stages, positions, new_keys)
+  values = write_cache(values, stages, positions, new_values)
+  return rowattention.reference(query, keys, values, bias, stages), keys, values

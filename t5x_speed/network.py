@@ -180,9 +180,8 @@ class DecoderLayer(nn.Module):
       The output [batch, slots, emb] and the updated `keys` and `values`.
     """
     q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
-    keys = layers.write_cache(keys, stages, positions, k)
-    values = layers.write_cache(values, stages, positions, v)
-    context = layers.cached_attention(q, keys, values, bias, stages)
+    context, keys, values = layers.cached_attention(
+        q, keys, values, bias, k, v, positions, stages)
     return self._mlp_block(x + self.self_attention(context), True), keys, values
 
 

@@ -1,5 +1,8 @@
 """Few-row matmuls at memory speed on CPU: a C++ kernel behind `jax.ffi`.
 
+(The same library holds the decode step's other kernels: its attention,
+`t5x_speed.rowattention`, and `gather_rows`.)
+
 A decode step multiplies a few token rows by every weight matrix. XLA:CPU
 runs one row as a memory-speed GEMV but several rows through a GEMM that
 packs the weights first, so a few rows cost well over one weight read, which
@@ -8,8 +11,7 @@ defeats SPEED's premise that R rows cost about one. The kernel in
 accumulators, AVX-512 / AVX2+FMA / portable, on `threads` threads), and
 computes every row with the same arithmetic whatever the number of rows, so
 a token's weight products are bit-identical in greedy (1 row) and SPEED (R
-rows). The same library holds the decode step's attention over its caches
-(`t5x_speed.rowattention`).
+rows).
 
 The kernel is compiled on first use with the system C++ compiler into a cache
 keyed by the source, jaxlib version, compiler and CPU (`python -m
@@ -69,7 +71,8 @@ _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
 # Every FFI target of the library (the attention's: `t5x_speed.rowattention`).
 _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_rowmatmul_nt': 'T5xSpeedRowMatmulNT',
-            't5x_speed_cached_attention': 'T5xSpeedCachedAttention'}
+            't5x_speed_cached_attention': 'T5xSpeedCachedAttention',
+            't5x_speed_gather_rows': 'T5xSpeedGatherRows'}
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
               '-fno-math-errno')
@@ -375,6 +378,55 @@ def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
   outs = _kernel(x.reshape(rows, x.shape[-1]), ws,
                  tuple(w.shape[1] for w in ws), False, dtype, int(threads))
   return tuple(o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs)
+
+
+def gather_rows(table: Array, ids: Array, *, force_xla: bool = False) -> Array:
+  """table[ids]: the rows of `table` at `ids`, copied as they are.
+
+  XLA:CPU gathers bfloat16 through a float32 or uint16 copy of the whole
+  table, which a decode step's embedding would pay per step; the kernel
+  copies the rows' bits. Ids out of range are handled as jnp indexing does
+  (negative ones from the end, then clamped).
+
+  Args:
+    table: [V, E] of any dtype.
+    ids: integer array of any shape.
+    force_xla: always use XLA's gather.
+
+  Returns:
+    ids.shape + (E,), table's dtype. XLA's gather where the kernel is not
+    available.
+  """
+  table, ids = jnp.asarray(table), jnp.asarray(ids)
+  if table.ndim != 2:
+    raise ValueError(f'gather_rows needs a 2-D table, got {table.shape}.')
+  if (force_xla or ids.size == 0 or table.shape[0] == 0 or
+      not jnp.issubdtype(ids.dtype, jnp.integer) or not available()):
+    return table[ids]
+  rows = _gather(table, ids.reshape(-1).astype(jnp.int32))
+  return rows.reshape(ids.shape + (table.shape[1],))
+
+
+@jax.custom_vjp
+def _gather(table: Array, ids: Array) -> Array:
+  call = jax.ffi.ffi_call(
+      't5x_speed_gather_rows',
+      jax.ShapeDtypeStruct((ids.size, table.shape[1]), table.dtype),
+      vmap_method='broadcast_all')
+  return call(table, ids)
+
+
+def _gather_fwd(table, ids):
+  return _gather(table, ids), (table, ids)
+
+
+def _gather_bwd(res, g):
+  table, ids = res  # the derivative of XLA's gather
+  _, vjp = jax.vjp(lambda t: t[ids], table)
+  return (*vjp(g), np.zeros(ids.shape, jax.dtypes.float0))
+
+
+_gather.defvjp(_gather_fwd, _gather_bwd)
 
 
 def main(argv) -> int:

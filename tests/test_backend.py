@@ -47,16 +47,18 @@ def _equations(jaxpr):
 
 def _ops(fn, *args):
   """(dot_general lhs shapes, kernel calls) of fn's program; a kernel call
-  is (`threads`, weights), or (`threads`, 'attention')."""
+  is (`threads`, weights), (`threads`, 'attention') or (None, 'gather')."""
   dots, kernel_calls = [], []
   for eqn in _equations(jax.make_jaxpr(fn)(*args)):
     if eqn.primitive.name == 'dot_general':
       dots.append(tuple(eqn.invars[0].aval.shape))
     elif eqn.primitive.name == 'ffi_call':
       attributes = dict(eqn.params['attributes'])
-      what = ('attention' if 'attention' in eqn.params['target_name'] else
-              len(eqn.invars) - 1)
-      kernel_calls.append((int(attributes['threads']), what))
+      target = eqn.params['target_name']
+      what = ('attention' if 'attention' in target else
+              'gather' if 'gather' in target else len(eqn.invars) - 1)
+      threads = attributes.get('threads')
+      kernel_calls.append((None if threads is None else int(threads), what))
   return dots, kernel_calls
 
 
@@ -265,13 +267,15 @@ class TracedProgramTest(parameterized.TestCase):
       module, params = _model(decode_matmul=setting, kernel_threads=threads)
       (greedy, greedy_ffi), (speed, speed_ffi) = self._steps(module, params,
                                                              kernel=True)
-      # Per virtual layer: q/k/v as one call, the attention over the
-      # caches, its output projection, the two MLP inputs as one, the MLP
-      # output; then the classifier. No XLA dot is left.
+      # The token's embedding row; per virtual layer: q/k/v as one call,
+      # the cache writes and attention, its output projection, the two MLP
+      # inputs as one, the MLP output; then the classifier. No XLA dot is
+      # left.
       layer = [(threads, 3), (threads, 'attention'), (threads, 1),
                (threads, 2), (threads, 1)]
-      self.assertEqual(greedy_ffi, layer * 6 + [(threads, 1)])
-      self.assertEqual(speed_ffi, layer * 2 + [(threads, 1)])
+      gather, classifier = [(None, 'gather')], [(threads, 1)]
+      self.assertEqual(greedy_ffi, gather + layer * 6 + classifier)
+      self.assertEqual(speed_ffi, gather + layer * 2 + classifier)
       self.assertEqual((greedy, speed), ([], []))
 
   def test_decode_step_without_kernel_has_no_kernel_call(self):

@@ -249,15 +249,18 @@ class DecodeProfileTest(absltest.TestCase):
         rowmatmul.matmuls(x, [jnp.ones((64, 32))] * 3),
         rowmatmul.matmul(x, jnp.ones((64, 48), jnp.bfloat16)),
         rowmatmul.matmul(x, jnp.ones((100, 64)), transpose_w=True, cols=50),
-        rowattention.cached_attention(x.reshape(1, 3, 4, 16), cache, cache,
-                                      jnp.zeros((1, 3, 4, 9)),
-                                      stages=(0, 1, 1)),
+        rowattention.cached_attention(
+            x.reshape(1, 3, 4, 16), cache, cache, jnp.zeros((1, 3, 4, 9)),
+            x.reshape(1, 3, 4, 16), x.reshape(1, 3, 4, 16),
+            jnp.array([[0, 1, 2]]), stages=(0, 1, 1)),
+        rowmatmul.gather_rows(jnp.ones((100, 64), jnp.bfloat16),
+                              jnp.array([3, 4])),
     )).lower(x).compile().as_text()
     self.assertCountEqual(decode_profile._kernel_shapes(hlo).values(), [
         ('3 x 64 x 32+32+32 f32', 64 * 96 * 4),
         ('3 x 64 x 48 bf16', 64 * 48 * 2),
         ('3 x 64 x 50 f32', 64 * 50 * 4),
-        ('attention: 12 rows x 9 keys f32', 0)])
+        ('attention: 12 rows x 9 keys f32', 0), ('embedding rows', 0)])
 
 
 class ProgressTest(absltest.TestCase):

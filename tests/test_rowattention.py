@@ -10,6 +10,7 @@ once, so |kernel - ref| <= 2**-8 * |ref| + 1e-5 * max |v|.
 """
 
 import dataclasses
+import doctest
 import itertools
 from unittest import mock
 
@@ -32,18 +33,22 @@ needs_kernel = absltest.skipUnless(rowmatmul.available(),
 
 def _case(batch, slots, stages, length, dtype, seed, heads=3, dim=20,
           positions=None):
-  """(query, keys, values, bias) with T5X's -1e10 mask after each slot's
-  position (-1: every key masked, as an empty slot)."""
+  """(query, keys, values, bias, new_keys, new_values, positions) with
+  T5X's -1e10 mask after each slot's position (-1: an empty slot, every key
+  masked and nothing written; >= length: nothing written)."""
   rng = np.random.RandomState(seed)
   draw = lambda *s: rng.standard_normal(s).astype(np.float32)
   if positions is None:
     positions = rng.randint(-1, length + 2, size=(batch, slots))
-  visible = np.arange(length) <= np.asarray(positions)[..., None, None]
+  positions = np.asarray(positions, np.int32)
+  visible = np.arange(length) <= positions[..., None, None]
   bias = np.where(visible, draw(batch, slots, heads, length), -1e10)
-  arrays = (draw(batch, slots, heads, dim),
+  arrays = [draw(batch, slots, heads, dim),
             draw(stages, batch, heads, length, dim),
-            draw(stages, batch, heads, length, dim), bias.astype(np.float32))
-  return tuple(jnp.asarray(a.astype(dtype)) for a in arrays)
+            draw(stages, batch, heads, length, dim), bias.astype(np.float32),
+            draw(batch, slots, heads, dim), draw(batch, slots, heads, dim)]
+  return (*(jnp.asarray(a.astype(dtype)) for a in arrays),
+          jnp.asarray(positions))
 
 
 def _bits(a):
@@ -51,13 +56,18 @@ def _bits(a):
   return a.view(np.uint16 if a.dtype == jnp.bfloat16 else np.uint32)
 
 
+def _attend(arrays, stages, **kwargs):
+  return rowattention.cached_attention(*arrays, stages=stages, **kwargs)
+
+
 @needs_kernel
 class ValuesTest(parameterized.TestCase):
 
   @parameterized.parameters(F32, BF16)
   def test_equals_xla_and_each_row_alone(self, dtype):
-    """Every case in one compiled program: the kernel against XLA, and each
-    slot bit-identical to the same slot attended alone."""
+    """Every case in one compiled program: the caches written exactly as
+    XLA's scatter writes them, the context against XLA's attention, and
+    each slot bit-identical to the same slot attended alone."""
     cases = []
     for (batch, slots, stages, length), order in itertools.product(
         ((1, 1, 1, 9), (2, 3, 3, 17), (3, 2, 4, 40)), ('same', 'mixed')):
@@ -65,98 +75,99 @@ class ValuesTest(parameterized.TestCase):
                 tuple((3 * s + 1) % stages for s in range(slots)))
       cases.append((chosen, _case(batch, slots, stages, length, dtype,
                                   seed=len(cases))))
-    run = jax.jit(lambda arrays: [
-        rowattention.cached_attention(*a, stages=st)
-        for (st, _), a in zip(cases, arrays)])
+    run = jax.jit(lambda arrays: [_attend(a, st)
+                                  for (st, _), a in zip(cases, arrays)])
     outs = run([a for _, a in cases])
-    alone = jax.jit(lambda a, st: rowattention.cached_attention(*a, stages=st),
-                    static_argnums=1)
-    for (stages, arrays), got in zip(cases, outs):
-      query, keys, values, bias = arrays
+    alone = jax.jit(_attend, static_argnums=1)
+    for (stages, arrays), (context, keys, values) in zip(cases, outs):
+      query, _, _, bias, new_keys, new_values, positions = arrays
       case = f'{query.shape} stages {stages} {jnp.dtype(dtype).name}'
-      self.assertEqual(got.dtype, query.dtype, case)
-      f32 = [jnp.asarray(a, F32) for a in arrays]
+      self.assertEqual(context.dtype, query.dtype, case)
+      _, want_keys, want_values = _attend(arrays, stages, force_xla=True)
+      np.testing.assert_array_equal(_bits(keys), _bits(want_keys), case)
+      np.testing.assert_array_equal(_bits(values), _bits(want_values), case)
+      f32 = [jnp.asarray(a, F32) for a in (query, keys, values, bias)]
       ref = np.asarray(rowattention.reference(*f32, stages), np.float64)
-      err = np.abs(np.asarray(got, np.float64) - ref)
+      err = np.abs(np.asarray(context, np.float64) - ref)
       tol = 1e-5 * float(np.abs(np.asarray(values, np.float32)).max())
       if dtype == BF16:
         tol = tol + 2.0**-8 * np.abs(ref)
       self.assertTrue(np.all(err <= tol), f'{case}: {np.max(err - tol):.3g}')
       for s in range(query.shape[1]):
-        one = alone((query[:, s:s + 1], keys, values, bias[:, s:s + 1]),
-                    (stages[s],))
-        np.testing.assert_array_equal(_bits(got)[:, s], _bits(one)[:, 0],
+        # On the written caches, writing the slot's row again changes
+        # nothing.
+        one = alone((query[:, s:s + 1], keys, values, bias[:, s:s + 1],
+                     new_keys[:, s:s + 1], new_values[:, s:s + 1],
+                     positions[:, s:s + 1]), (stages[s],))[0]
+        np.testing.assert_array_equal(_bits(context)[:, s], _bits(one)[:, 0],
                                       f'{case}: slot {s}')
 
   def test_masked_keys_are_not_read(self):
     """Keys after a row's position have weight 0 whatever they hold; a row
     with every key masked attends to all of them, as XLA's softmax does."""
-    query, keys, values, bias = _case(1, 2, 2, 12, F32, seed=5,
-                                      positions=[[4, -1]])
-    poisoned = keys.at[:, :, :, 5:].set(jnp.nan)
-    got = rowattention.cached_attention(query, poisoned, values, bias,
-                                        stages=(0, 1))
-    self.assertTrue(np.isfinite(np.asarray(got[:, 0])).all())
-    np.testing.assert_allclose(
-        got[:, 0], rowattention.reference(query, keys, values, bias,
-                                          (0, 1))[:, 0], atol=1e-5)
-    np.testing.assert_allclose(
-        rowattention.cached_attention(query, keys, values, bias,
-                                      stages=(0, 1))[:, 1],
-        rowattention.reference(query, keys, values, bias, (0, 1))[:, 1],
-        atol=1e-5)
+    arrays = _case(1, 2, 2, 12, F32, seed=5, positions=[[4, -1]])
+    poisoned = list(arrays)
+    poisoned[1] = arrays[1].at[0, :, :, 5:].set(jnp.nan)
+    got = _attend(poisoned, (0, 1))[0]
+    want = _attend(arrays, (0, 1), force_xla=True)[0]
+    self.assertTrue(np.isfinite(np.asarray(got)).all())
+    np.testing.assert_allclose(got, want, atol=1e-5)
 
   def test_threads_vmap_and_gradient(self):
     arrays = _case(2, 3, 3, 30, F32, seed=7, heads=4, dim=32)
     stages = (2, 0, 1)
-    f = jax.jit(lambda a: [rowattention.cached_attention(
-        *a, stages=stages, threads=t) for t in (0, 1, 3)])
+    f = jax.jit(lambda a: [_attend(a, stages, threads=t)[0]
+                           for t in (0, 1, 3)])
     every_core, one, three = (_bits(y) for y in f(arrays))
     np.testing.assert_array_equal(one, every_core)
     np.testing.assert_array_equal(three, every_core)
     # vmap over the query only: one call, each element its own attention.
     queries = jnp.stack([arrays[0], 2 * arrays[0]])
-    mapped = jax.jit(jax.vmap(lambda q: rowattention.cached_attention(
-        q, *arrays[1:], stages=stages)))
+    mapped = jax.jit(jax.vmap(lambda q: _attend((q, *arrays[1:]), stages)))
     self.assertEqual(mapped.lower(queries).as_text().count(
         '@t5x_speed_cached_attention('), 1)
     got = mapped(queries)
     for i in range(2):
-      np.testing.assert_array_equal(_bits(got[i]), _bits(
-          rowattention.cached_attention(queries[i], *arrays[1:],
-                                        stages=stages)))
-    loss = lambda force: lambda q, k, v: jnp.sum(jnp.sin(
-        rowattention.cached_attention(q, k, v, arrays[3], stages=stages,
-                                      force_xla=force)))
-    for g, r in zip(jax.grad(loss(False), (0, 1, 2))(*arrays[:3]),
-                    jax.grad(loss(True), (0, 1, 2))(*arrays[:3])):
+      for g, w in zip(got, _attend((queries[i], *arrays[1:]), stages)):
+        np.testing.assert_array_equal(_bits(g[i]), _bits(w))
+    loss = lambda force: lambda *a: sum(
+        jnp.sum(jnp.sin(o) * (i + 1)) for i, o in enumerate(_attend(
+            (*a, arrays[6]), stages, force_xla=force)))
+    for g, r in zip(jax.grad(loss(False), tuple(range(6)))(*arrays[:6]),
+                    jax.grad(loss(True), tuple(range(6)))(*arrays[:6])):
       np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
 
 class ArgumentsTest(absltest.TestCase):
 
   def test_bad_arguments_raise(self):
-    query, keys, values, bias = _case(1, 2, 2, 6, F32, seed=0)
+    arrays = _case(1, 2, 2, 6, F32, seed=0)
     with self.assertRaisesRegex(ValueError, 'needs query'):
-      rowattention.cached_attention(query[0], keys, values, bias,
-                                    stages=(0, 1))
+      _attend((arrays[0][0], *arrays[1:]), (0, 1))
     with self.assertRaisesRegex(ValueError, 'do not match'):
-      rowattention.cached_attention(query, keys, values, bias, stages=(0,))
+      _attend(arrays, (0,))
     with self.assertRaisesRegex(ValueError, 'do not match'):
-      rowattention.cached_attention(query, keys, values, bias, stages=(0, 2))
+      _attend(arrays, (0, 2))
+    with self.assertRaisesRegex(ValueError, 'do not match'):
+      _attend((*arrays[:6], arrays[6][:, :1]), (0, 1))
     with self.assertRaisesRegex(ValueError, 'threads must be'):
-      rowattention.cached_attention(query, keys, values, bias, stages=(0, 1),
-                                    threads=-1)
+      _attend(arrays, (0, 1), threads=-1)
 
   def test_without_the_kernel_it_is_xla(self):
-    arrays = _case(1, 2, 2, 6, F32, seed=0)
+    arrays = _case(1, 2, 2, 6, F32, seed=0, positions=[[3, 1]])
     with mock.patch.object(rowmatmul, 'available', return_value=False):
-      jaxpr = str(jax.make_jaxpr(lambda *a: rowattention.cached_attention(
-          *a, stages=(1, 0)))(*arrays))
-      got = rowattention.cached_attention(*arrays, stages=(1, 0))
+      jaxpr = str(jax.make_jaxpr(lambda *a: _attend(a, (1, 0)))(*arrays))
+      got = _attend(arrays, (1, 0))
     self.assertNotIn('ffi_call', jaxpr)
-    np.testing.assert_array_equal(
-        got, rowattention.reference(*arrays, (1, 0)))
+    for g, w in zip(got, _attend(arrays, (1, 0), force_xla=True)):
+      np.testing.assert_array_equal(g, w)
+    # Slot 0 wrote its key at position 3 of stage 1.
+    np.testing.assert_array_equal(got[1][1, 0, :, 3], arrays[4][0, 0])
+
+  def test_module_example(self):
+    result = doctest.testmod(rowattention)
+    self.assertGreater(result.attempted, 0)
+    self.assertEqual(result.failed, 0)
 
 
 @needs_kernel

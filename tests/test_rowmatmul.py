@@ -332,6 +332,46 @@ class MatmulsTest(parameterized.TestCase):
       rowmatmul.matmuls(x, [wa], threads=-1)
 
 
+@needs_kernel
+class GatherRowsTest(absltest.TestCase):
+  """Embedding rows copied as they are, as `table[ids]` gives them."""
+
+  def test_equals_indexing_without_a_table_copy(self):
+    for dtype in (F32, BF16):
+      table = jnp.asarray(np.random.RandomState(0).standard_normal(
+          (4099, 40)).astype(dtype))
+      ids = jnp.asarray([[3, 0, 4098], [-1, 4099, -5000]])
+      got = rowmatmul.gather_rows(table, ids)
+      self.assertEqual(got.shape, (2, 3, 40))
+      np.testing.assert_array_equal(_bits(got), _bits(table[ids]))
+
+      def loop(table):  # a decode loop gathering 3 rows per step
+        return lax.fori_loop(0, 4, lambda i, c: c + rowmatmul.gather_rows(
+            table, jnp.arange(3) + i).astype(F32).sum(), 0.0)
+      hlo = jax.jit(loop).lower(table).compile().as_text()
+      self.assertIn('t5x_speed_gather_rows', hlo)
+      whole = [l for l in hlo.splitlines() if '[4099,40]' in l and
+               ('convert' in l or 'copy(' in l)]
+      self.assertEqual(whole, [], f'{_name(dtype)}: the table is copied')
+
+  def test_vmap_gradient_and_fallback(self):
+    tables = jnp.asarray(np.arange(2 * 5 * 3, dtype=np.float32).reshape(
+        2, 5, 3))
+    ids = jnp.asarray([[4, 1], [0, 0]])
+    got = jax.vmap(rowmatmul.gather_rows)(tables, ids)
+    np.testing.assert_array_equal(got, jax.vmap(lambda t, i: t[i])(tables,
+                                                                    ids))
+    grad = jax.grad(lambda t: jnp.sum(rowmatmul.gather_rows(t, ids[0]) * 2))
+    np.testing.assert_array_equal(grad(tables[0]),
+                                  jax.grad(lambda t: jnp.sum(t[ids[0]] * 2))(
+                                      tables[0]))
+    with self.assertRaisesRegex(ValueError, '2-D table'):
+      rowmatmul.gather_rows(tables, ids)
+    jaxpr = str(jax.make_jaxpr(lambda t: rowmatmul.gather_rows(
+        t, ids, force_xla=True))(tables[0]))
+    self.assertNotIn('ffi_call', jaxpr)
+
+
 class EdgeCasesTest(parameterized.TestCase):
 
   def test_zero_rows_and_empty_contraction(self):

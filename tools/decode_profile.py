@@ -57,11 +57,15 @@ def _shapes(text: str) -> list:
 def _kernel_shapes(hlo: str) -> dict:
   """{call name: (label, weight bytes)} of the kernel calls in compiled HLO
   text: matmuls 'rows x K x N dtype' (several weights: N 'N1+N2+...'), the
-  attention 'attention: rows x length keys dtype' (no weight bytes)."""
+  attention 'attention: rows x length keys dtype' and the embedding gather
+  (no weight bytes)."""
   shapes = {}
   for m in _KERNEL_CALL.finditer(hlo):
     outs = _shapes(m.group(2))
     operands = _shapes(m.group(4))
+    if 'gather' in m.group(3):
+      shapes[m.group(1)] = ('embedding rows', 0)
+      continue
     if 'attention' in m.group(3):
       (_, query), (c_dtype, cache) = operands[:2]
       shapes[m.group(1)] = (f'attention: {int(np.prod(query[:-1]))} rows x '

@@ -409,10 +409,38 @@ ffi::Error RowMatmulNT(ffi::ThreadPool pool, ffi::AnyBuffer x,
 }
 
 // ---------------------------------------------------------------------------
-// Cached attention: query [..., B, S, H, D], keys and values [..., R, B, H,
-// L, D] (one cache per stage), bias [..., B, S, H, L] -> out [..., B, S, H,
-// D]; slot s reads stage stages[s]. Leading axes are equal in every operand
-// (jax.vmap's broadcast_all). The arithmetic: row_attention.h.
+// Cached attention with the step's cache writes: query [..., B, S, H, D];
+// keys and values [..., R, B, H, L, D], one cache per stage; bias [..., B,
+// S, H, L]; the step's new keys and values [..., B, S, H, D] (the caches'
+// dtype) at positions [..., B, S] (int32). Slot s writes its new key and
+// value at its position of stage stages[s] (a position outside [0, L)
+// writes nothing), then every slot attends over its stage: out [..., B, S,
+// H, D], and the updated caches, which XLA aliases to the caches passed in
+// (written in place). Leading axes are equal in every operand (jax.vmap's
+// broadcast_all). The arithmetic: row_attention.h.
+
+// Copies the slots' new rows into the caches (bytes: one cache element).
+void WriteRows(const ffi::AnyBuffer& new_rows, const int32_t* positions,
+               const int64_t* stages, ffi::AnyBuffer& cache, int64_t V,
+               int64_t R, int64_t Bn, int64_t S, int64_t H, int64_t L,
+               int64_t D, int64_t bytes) {
+  const char* src = static_cast<const char*>(new_rows.untyped_data());
+  char* dst = static_cast<char*>(cache.untyped_data());
+  for (int64_t vi = 0; vi < V; ++vi) {
+    for (int64_t bi = 0; bi < Bn; ++bi) {
+      for (int64_t si = 0; si < S; ++si) {
+        const int64_t pos = positions[(vi * Bn + bi) * S + si];
+        if (pos < 0 || pos >= L) continue;
+        for (int64_t hi = 0; hi < H; ++hi) {
+          const int64_t from = (((vi * Bn + bi) * S + si) * H + hi) * D;
+          const int64_t to =
+              ((((vi * R + stages[si]) * Bn + bi) * H + hi) * L + pos) * D;
+          std::memcpy(dst + to * bytes, src + from * bytes, D * bytes);
+        }
+      }
+    }
+  }
+}
 
 template <typename Q, typename C, typename B>
 ffi::Error Attend(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
@@ -448,24 +476,34 @@ ffi::Error Attend(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
   return ffi::Error::Success();
 }
 
+bool SameDims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
                            ffi::AnyBuffer keys, ffi::AnyBuffer values,
-                           ffi::AnyBuffer bias,
+                           ffi::AnyBuffer bias, ffi::AnyBuffer new_keys,
+                           ffi::AnyBuffer new_values, ffi::AnyBuffer positions,
                            ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> keys_out,
+                           ffi::Result<ffi::AnyBuffer> values_out,
                            ffi::Span<const int64_t> stages, int64_t threads) {
   const auto qd = query.dimensions(), kd = keys.dimensions(),
-             vd = values.dimensions(), bd = bias.dimensions(),
-             od = out->dimensions();
+             bd = bias.dimensions(), pd = positions.dimensions();
   const int64_t rank = static_cast<int64_t>(qd.size());
   if (rank < 4 || static_cast<int64_t>(kd.size()) != rank + 1 ||
       static_cast<int64_t>(bd.size()) != rank ||
-      static_cast<int64_t>(od.size()) != rank) {
+      static_cast<int64_t>(pd.size()) != rank - 2) {
     return ffi::Error::InvalidArgument("cached_attention: operand ranks");
   }
   const int64_t lead = rank - 4;
   int64_t V = 1;
   for (int64_t i = 0; i < lead; ++i) {
-    if (kd[i] != qd[i] || bd[i] != qd[i] || od[i] != qd[i]) {
+    if (kd[i] != qd[i] || bd[i] != qd[i] || pd[i] != qd[i]) {
       return ffi::Error::InvalidArgument(
           "cached_attention: leading axes must be equal");
     }
@@ -473,12 +511,15 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
   }
   const int64_t Bn = qd[lead], S = qd[lead + 1], H = qd[lead + 2],
                 D = qd[lead + 3], R = kd[lead], L = kd[lead + 3];
-  bool same_kv = vd.size() == kd.size();
-  for (size_t i = 0; same_kv && i < kd.size(); ++i) same_kv = vd[i] == kd[i];
-  if (!same_kv || kd[lead + 1] != Bn || kd[lead + 2] != H ||
-      kd[lead + 4] != D || bd[lead] != Bn || bd[lead + 1] != S ||
-      bd[lead + 2] != H || bd[lead + 3] != L || od[lead] != Bn ||
-      od[lead + 1] != S || od[lead + 2] != H || od[lead + 3] != D ||
+  if (!SameDims(values.dimensions(), kd) ||
+      !SameDims(keys_out->dimensions(), kd) ||
+      !SameDims(values_out->dimensions(), kd) ||
+      !SameDims(new_keys.dimensions(), qd) ||
+      !SameDims(new_values.dimensions(), qd) ||
+      !SameDims(out->dimensions(), qd) || kd[lead + 1] != Bn ||
+      kd[lead + 2] != H || kd[lead + 4] != D || bd[lead] != Bn ||
+      bd[lead + 1] != S || bd[lead + 2] != H || bd[lead + 3] != L ||
+      pd[lead] != Bn || pd[lead + 1] != S ||
       static_cast<int64_t>(stages.size()) != S) {
     return ffi::Error::InvalidArgument("cached_attention: shape mismatch");
   }
@@ -490,26 +531,46 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
   if (threads < 0) {
     return ffi::Error::InvalidArgument("cached_attention: threads >= 0");
   }
-  if (!IsFloat(query.element_type()) || !IsFloat(keys.element_type()) ||
-      values.element_type() != keys.element_type() ||
-      !IsFloat(bias.element_type()) ||
-      out->element_type() != query.element_type()) {
+  const ffi::DataType cache_type = keys.element_type();
+  if (!IsFloat(query.element_type()) || !IsFloat(cache_type) ||
+      !IsFloat(bias.element_type()) || values.element_type() != cache_type ||
+      new_keys.element_type() != cache_type ||
+      new_values.element_type() != cache_type ||
+      keys_out->element_type() != cache_type ||
+      values_out->element_type() != cache_type ||
+      out->element_type() != query.element_type() ||
+      positions.element_type() != ffi::DataType::S32) {
     return ffi::Error::InvalidArgument(
-        "cached_attention: float32 or bfloat16 operands, keys and values of "
-        "one dtype, out of the query's");
+        "cached_attention: float32 or bfloat16 operands, the caches and new "
+        "rows of one dtype, out of the query's, int32 positions");
+  }
+  // Not aliased (XLA could not reuse the input buffers): start from a copy.
+  const int64_t bytes = cache_type == ffi::DataType::F32 ? 4 : 2;
+  const size_t cache_bytes = static_cast<size_t>(keys.element_count() * bytes);
+  if (keys_out->untyped_data() != keys.untyped_data()) {
+    std::memcpy(keys_out->untyped_data(), keys.untyped_data(), cache_bytes);
+  }
+  if (values_out->untyped_data() != values.untyped_data()) {
+    std::memcpy(values_out->untyped_data(), values.untyped_data(),
+                cache_bytes);
   }
   if (V * Bn * S * H == 0 || D == 0) return ffi::Error::Success();
   if (L == 0) {
     return ffi::Error::InvalidArgument("cached_attention: empty cache");
   }
+  const int32_t* pos = static_cast<const int32_t*>(positions.untyped_data());
+  WriteRows(new_keys, pos, stages.begin(), *keys_out, V, R, Bn, S, H, L, D,
+            bytes);
+  WriteRows(new_values, pos, stages.begin(), *values_out, V, R, Bn, S, H, L,
+            D, bytes);
   const int n = NumThreads(threads);
   const bool q32 = query.element_type() == ffi::DataType::F32;
   const bool c32 = keys.element_type() == ffi::DataType::F32;
   const bool b32 = bias.element_type() == ffi::DataType::F32;
   const int64_t* st = stages.begin();
 #define T5X_SPEED_ATTEND(Q, C, B)                                         \
-  return Attend<Q, C, B>(pool, query, keys, values, bias, *out, st, V, R, \
-                         Bn, S, H, L, D, n)
+  return Attend<Q, C, B>(pool, query, *keys_out, *values_out, bias, *out, \
+                         st, V, R, Bn, S, H, L, D, n)
   if (q32 && c32 && b32) T5X_SPEED_ATTEND(float, float, float);
   if (q32 && c32) T5X_SPEED_ATTEND(float, float, uint16_t);
   if (q32 && b32) T5X_SPEED_ATTEND(float, uint16_t, float);
@@ -519,6 +580,55 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
   if (b32) T5X_SPEED_ATTEND(uint16_t, uint16_t, float);
   T5X_SPEED_ATTEND(uint16_t, uint16_t, uint16_t);
 #undef T5X_SPEED_ATTEND
+}
+
+// ---------------------------------------------------------------------------
+// Row gather: out[..., n, :] = table[..., ids[..., n], :], the bits of any
+// element type copied as they are (XLA:CPU gathers bfloat16 through a
+// float32 or uint16 copy of the whole table). Ids out of range are clamped
+// after negative ones are counted from the end, as jnp indexing does.
+// Leading axes are equal in every operand (jax.vmap's broadcast_all).
+
+ffi::Error GatherRows(ffi::AnyBuffer table, ffi::AnyBuffer ids,
+                      ffi::Result<ffi::AnyBuffer> out) {
+  const auto td = table.dimensions(), id = ids.dimensions(),
+             od = out->dimensions();
+  const int64_t rank = static_cast<int64_t>(td.size());
+  if (rank < 2 || static_cast<int64_t>(id.size()) != rank - 1 ||
+      static_cast<int64_t>(od.size()) != rank ||
+      ids.element_type() != ffi::DataType::S32 ||
+      out->element_type() != table.element_type()) {
+    return ffi::Error::InvalidArgument(
+        "gather_rows: table [..., V, E], int32 ids [..., N], out [..., N, E]");
+  }
+  int64_t lead = 1;
+  for (int64_t i = 0; i < rank - 2; ++i) {
+    if (id[i] != td[i] || od[i] != td[i]) {
+      return ffi::Error::InvalidArgument(
+          "gather_rows: leading axes must be equal");
+    }
+    lead *= td[i];
+  }
+  const int64_t V = td[rank - 2], E = td[rank - 1], N = id[rank - 2];
+  if (od[rank - 2] != N || od[rank - 1] != E) {
+    return ffi::Error::InvalidArgument("gather_rows: shape mismatch");
+  }
+  if (lead * N * E == 0) return ffi::Error::Success();
+  if (V == 0) return ffi::Error::InvalidArgument("gather_rows: empty table");
+  const int64_t row = E * static_cast<int64_t>(
+      ffi::ByteWidth(table.element_type()));
+  const char* src = static_cast<const char*>(table.untyped_data());
+  const int32_t* idx = static_cast<const int32_t*>(ids.untyped_data());
+  char* dst = static_cast<char*>(out->untyped_data());
+  for (int64_t t = 0; t < lead; ++t) {
+    for (int64_t n = 0; n < N; ++n) {
+      int64_t i = idx[t * N + n];
+      if (i < 0) i += V;
+      i = std::min(std::max<int64_t>(i, 0), V - 1);
+      std::memcpy(dst + (t * N + n) * row, src + (t * V + i) * row, row);
+    }
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -546,9 +656,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedCachedAttention, CachedAttention,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<ffi::Span<const int64_t>>("stages")
                                   .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedGatherRows, GatherRows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 
 // For the Python side's log line: which vector path this build uses.
 extern "C" const char* T5xSpeedRowMatmulIsa() { return kIsa; }
