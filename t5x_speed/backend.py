@@ -92,8 +92,8 @@ _MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
 
 # Rows per step (batch x R) up to which SPEED's pipeline beats the
 # full-depth step on CPU with the few-row kernel, as tools.bench measures it
-# (docs/performance.md#large-batches): ahead at 12 rows, behind at 24.
-CPU_MAX_SPECULATIVE_ROWS = 12
+# (docs/performance.md#large-batches): ahead at 6 rows, not reliably at 12.
+CPU_MAX_SPECULATIVE_ROWS = 8
 
 _log = logging.getLogger(__name__)
 
