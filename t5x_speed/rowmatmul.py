@@ -64,9 +64,10 @@ Array = jax.Array
 MAX_ROWS = 64
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc')
-_SOURCE = os.path.join(_CSRC, 'rowmatmul.cc')
+_SOURCES = tuple(os.path.join(_CSRC, c)
+                 for c in ('rowmatmul.cc', 'row_attention.cc'))
 _HEADERS = tuple(os.path.join(_CSRC, h)
-                 for h in ('row_kernels.h', 'row_attention.h'))
+                 for h in ('ffi_threads.h', 'row_kernels.h', 'row_attention.h'))
 _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
 # Every FFI target of the library (the attention's: `t5x_speed.rowattention`).
 _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
@@ -115,7 +116,7 @@ def _build_key(cxx: list) -> str:
                        f'{e}') from None
   digest = hashlib.sha256()
   sources = []
-  for path in (_SOURCE, *_HEADERS):
+  for path in (*_SOURCES, *_HEADERS):
     with open(path, 'rb') as f:
       sources.append(f.read())
   for part in (*sources, jaxlib.__version__.encode(),
@@ -128,7 +129,7 @@ def _build_key(cxx: list) -> str:
 
 def _cache_dir() -> str:
   """The package's _build dir if writable, else ~/.cache/t5x_speed."""
-  package = os.path.join(os.path.dirname(_SOURCE), os.pardir, '_build')
+  package = os.path.join(_CSRC, os.pardir, '_build')
   try:
     os.makedirs(package, exist_ok=True)
     if os.access(package, os.W_OK):
@@ -168,7 +169,7 @@ def build(verbose: bool = False) -> str:
       return path
     fd, tmp = tempfile.mkstemp(suffix='.so', dir=cache)
     os.close(fd)
-    cmd = [*cxx, *_CXX_FLAGS, '-isystem', jax.ffi.include_dir(), _SOURCE,
+    cmd = [*cxx, *_CXX_FLAGS, '-isystem', jax.ffi.include_dir(), *_SOURCES,
            '-o', tmp]
     if verbose:
       print(' '.join(cmd), file=sys.stderr)
@@ -180,7 +181,7 @@ def build(verbose: bool = False) -> str:
     if result.returncode != 0:
       os.unlink(tmp)
       raise RuntimeError(
-          f'compiling {_SOURCE} failed:\n{result.stderr[-4000:]}')
+          f'compiling {" ".join(_SOURCES)} failed:\n{result.stderr[-4000:]}')
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
   return path

@@ -25,11 +25,11 @@
 // The arithmetic, and why each row is bit-identical to the same row alone:
 // row_kernels.h.
 //
-// Threads: output columns (of every weight) are cut into chunks claimed from an atomic counter
-// by the calling thread and by helpers scheduled on XLA's intra-op thread
-// pool. The caller claims whatever the helpers have not started, so the call
-// never waits on a helper that has not been scheduled yet (no deadlock when
-// the pool is busy), and a late helper finds nothing left and returns.
+// Threads: output columns (of every weight) are cut into chunks shared out
+// by ParallelFor (ffi_threads.h).
+//
+// The library's other handlers: row_attention.cc (a decode step's cache
+// writes and attention) and t5x_speed_gather_rows below (embedding rows).
 
 #include <algorithm>
 #include <atomic>
@@ -38,7 +38,7 @@
 #include <thread>
 #include <vector>
 
-#include "row_attention.h"
+#include "ffi_threads.h"
 #include "row_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -48,87 +48,6 @@ namespace {
 
 using namespace t5x_speed_kernels;  // NOLINT(build/namespaces)
 
-// ---------------------------------------------------------------------------
-// Threads.
-
-// Threads for the `threads` attribute: a positive count as given (capped, so
-// that it fits an int), 0 one per hardware thread.
-int NumThreads(int64_t requested) {
-  constexpr int64_t kMaxThreads = 1 << 16;
-  if (requested > 0) {
-    return static_cast<int>(std::min(requested, kMaxThreads));
-  }
-  static const int hardware =
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return hardware;
-}
-
-// Chunks claimed by the caller and by pool helpers; kept alive by the
-// helpers' shared_ptr in case one starts after the call has returned.
-struct Work {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t chunks = 0;
-  const void* body = nullptr;  // valid while done < chunks
-  void (*run)(const void* body, int64_t chunk) = nullptr;
-#if defined(__SSE__)
-  unsigned int csr = 0;        // caller's MXCSR (denormal modes) for helpers
-#endif
-
-  // Runs chunks until none is left.
-  void Drain() {
-    for (int64_t c;
-         (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      run(body, c);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-template <typename F>
-void ParallelFor(ffi::ThreadPool& pool, int64_t chunks, int threads,
-                 const F& fn) {
-  if (threads <= 1 || chunks <= 1) {
-    for (int64_t c = 0; c < chunks; ++c) fn(c);
-    return;
-  }
-  auto work = std::make_shared<Work>();
-  work->chunks = chunks;
-  work->body = &fn;
-  work->run = [](const void* body, int64_t c) {
-    (*static_cast<const F*>(body))(c);
-  };
-#if defined(__SSE__)
-  work->csr = _mm_getcsr();
-#endif
-  const int helpers = static_cast<int>(std::min<int64_t>(threads, chunks) - 1);
-  for (int i = 0; i < helpers; ++i) {
-    pool.Schedule([work] {
-#if defined(__SSE__)
-      // Same flush-to-zero / denormals-are-zero modes as the caller, so a
-      // column's result does not depend on the thread that computes it.
-      const unsigned int saved = _mm_getcsr();
-      _mm_setcsr(work->csr);
-      work->Drain();
-      _mm_setcsr(saved);
-#else
-      work->Drain();
-#endif
-    });
-  }
-  work->Drain();
-  while (work->done.load(std::memory_order_acquire) < chunks) {
-#if defined(__SSE2__)
-    _mm_pause();
-#else
-    std::this_thread::yield();
-#endif
-  }
-}
-
-// Weights below this size run on the calling thread: a helper's wake-up
-// costs more than it saves.
-constexpr int64_t kMinParallelBytes = 256 * 1024;
 
 // Output columns per chunk of x @ w.T: 64 (64 streamed rows of w) at least,
 // a few chunks per thread for balance.
@@ -142,10 +61,6 @@ int64_t ChunkColumns(const Problem<W, O>& p, int threads) {
 
 // ---------------------------------------------------------------------------
 // FFI entry points.
-
-bool IsFloat(ffi::DataType t) {
-  return t == ffi::DataType::F32 || t == ffi::DataType::BF16;
-}
 
 // Leading (batch) axes, as jax.vmap passes them (vmap_method='expand_dims'):
 // x [..., M, K], w [..., K, N] or [..., N', K] and out [..., M, N] have one
@@ -409,180 +324,6 @@ ffi::Error RowMatmulNT(ffi::ThreadPool pool, ffi::AnyBuffer x,
 }
 
 // ---------------------------------------------------------------------------
-// Cached attention with the step's cache writes: query [..., B, S, H, D];
-// keys and values [..., R, B, H, L, D], one cache per stage; bias [..., B,
-// S, H, L]; the step's new keys and values [..., B, S, H, D] (the caches'
-// dtype) at positions [..., B, S] (int32). Slot s writes its new key and
-// value at its position of stage stages[s] (a position outside [0, L)
-// writes nothing), then every slot attends over its stage: out [..., B, S,
-// H, D], and the updated caches, which XLA aliases to the caches passed in
-// (written in place). Leading axes are equal in every operand (jax.vmap's
-// broadcast_all). The arithmetic: row_attention.h.
-
-// Copies the slots' new rows into the caches (bytes: one cache element).
-void WriteRows(const ffi::AnyBuffer& new_rows, const int32_t* positions,
-               const int64_t* stages, ffi::AnyBuffer& cache, int64_t V,
-               int64_t R, int64_t Bn, int64_t S, int64_t H, int64_t L,
-               int64_t D, int64_t bytes) {
-  const char* src = static_cast<const char*>(new_rows.untyped_data());
-  char* dst = static_cast<char*>(cache.untyped_data());
-  for (int64_t vi = 0; vi < V; ++vi) {
-    for (int64_t bi = 0; bi < Bn; ++bi) {
-      for (int64_t si = 0; si < S; ++si) {
-        const int64_t pos = positions[(vi * Bn + bi) * S + si];
-        if (pos < 0 || pos >= L) continue;
-        for (int64_t hi = 0; hi < H; ++hi) {
-          const int64_t from = (((vi * Bn + bi) * S + si) * H + hi) * D;
-          const int64_t to =
-              ((((vi * R + stages[si]) * Bn + bi) * H + hi) * L + pos) * D;
-          std::memcpy(dst + to * bytes, src + from * bytes, D * bytes);
-        }
-      }
-    }
-  }
-}
-
-template <typename Q, typename C, typename B>
-ffi::Error Attend(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
-                  const ffi::AnyBuffer& keys, const ffi::AnyBuffer& values,
-                  const ffi::AnyBuffer& bias, ffi::AnyBuffer& out,
-                  const int64_t* stages, int64_t V, int64_t R, int64_t Bn,
-                  int64_t S, int64_t H, int64_t L, int64_t D,
-                  int max_threads) {
-  const Q* q = static_cast<const Q*>(query.untyped_data());
-  const C* k = static_cast<const C*>(keys.untyped_data());
-  const C* v = static_cast<const C*>(values.untyped_data());
-  const B* b = static_cast<const B*>(bias.untyped_data());
-  Q* o = static_cast<Q*>(out.untyped_data());
-  const int64_t rows = V * Bn * S * H;
-  const int64_t bytes = rows * L * D * 2 * static_cast<int64_t>(sizeof(C));
-  int threads = bytes >= kMinParallelBytes ? max_threads : 1;
-  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
-  const int64_t per = std::max<int64_t>(1, rows / (4 * threads));
-  const int64_t chunks = (rows + per - 1) / per;
-  const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
-  ParallelFor(pool, chunks, threads, [&](int64_t c) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(static_cast<size_t>(L + 2 * Dp));
-    for (int64_t row = c * per; row < std::min(rows, (c + 1) * per); ++row) {
-      // row = ((vi * Bn + bi) * S + si) * H + hi
-      const int64_t hi = row % H, si = row / H % S, bi = row / (H * S) % Bn,
-                    vi = row / (H * S * Bn);
-      const int64_t cache = (((vi * R + stages[si]) * Bn + bi) * H + hi) * L * D;
-      AttendRow(q + row * D, k + cache, v + cache, b + row * L, L, D,
-                o + row * D, scratch.data());
-    }
-  });
-  return ffi::Error::Success();
-}
-
-bool SameDims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] != b[i]) return false;
-  }
-  return true;
-}
-
-ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
-                           ffi::AnyBuffer keys, ffi::AnyBuffer values,
-                           ffi::AnyBuffer bias, ffi::AnyBuffer new_keys,
-                           ffi::AnyBuffer new_values, ffi::AnyBuffer positions,
-                           ffi::Result<ffi::AnyBuffer> out,
-                           ffi::Result<ffi::AnyBuffer> keys_out,
-                           ffi::Result<ffi::AnyBuffer> values_out,
-                           ffi::Span<const int64_t> stages, int64_t threads) {
-  const auto qd = query.dimensions(), kd = keys.dimensions(),
-             bd = bias.dimensions(), pd = positions.dimensions();
-  const int64_t rank = static_cast<int64_t>(qd.size());
-  if (rank < 4 || static_cast<int64_t>(kd.size()) != rank + 1 ||
-      static_cast<int64_t>(bd.size()) != rank ||
-      static_cast<int64_t>(pd.size()) != rank - 2) {
-    return ffi::Error::InvalidArgument("cached_attention: operand ranks");
-  }
-  const int64_t lead = rank - 4;
-  int64_t V = 1;
-  for (int64_t i = 0; i < lead; ++i) {
-    if (kd[i] != qd[i] || bd[i] != qd[i] || pd[i] != qd[i]) {
-      return ffi::Error::InvalidArgument(
-          "cached_attention: leading axes must be equal");
-    }
-    V *= qd[i];
-  }
-  const int64_t Bn = qd[lead], S = qd[lead + 1], H = qd[lead + 2],
-                D = qd[lead + 3], R = kd[lead], L = kd[lead + 3];
-  if (!SameDims(values.dimensions(), kd) ||
-      !SameDims(keys_out->dimensions(), kd) ||
-      !SameDims(values_out->dimensions(), kd) ||
-      !SameDims(new_keys.dimensions(), qd) ||
-      !SameDims(new_values.dimensions(), qd) ||
-      !SameDims(out->dimensions(), qd) || kd[lead + 1] != Bn ||
-      kd[lead + 2] != H || kd[lead + 4] != D || bd[lead] != Bn ||
-      bd[lead + 1] != S || bd[lead + 2] != H || bd[lead + 3] != L ||
-      pd[lead] != Bn || pd[lead + 1] != S ||
-      static_cast<int64_t>(stages.size()) != S) {
-    return ffi::Error::InvalidArgument("cached_attention: shape mismatch");
-  }
-  for (int64_t s = 0; s < S; ++s) {
-    if (stages[s] < 0 || stages[s] >= R) {
-      return ffi::Error::InvalidArgument("cached_attention: bad stage");
-    }
-  }
-  if (threads < 0) {
-    return ffi::Error::InvalidArgument("cached_attention: threads >= 0");
-  }
-  const ffi::DataType cache_type = keys.element_type();
-  if (!IsFloat(query.element_type()) || !IsFloat(cache_type) ||
-      !IsFloat(bias.element_type()) || values.element_type() != cache_type ||
-      new_keys.element_type() != cache_type ||
-      new_values.element_type() != cache_type ||
-      keys_out->element_type() != cache_type ||
-      values_out->element_type() != cache_type ||
-      out->element_type() != query.element_type() ||
-      positions.element_type() != ffi::DataType::S32) {
-    return ffi::Error::InvalidArgument(
-        "cached_attention: float32 or bfloat16 operands, the caches and new "
-        "rows of one dtype, out of the query's, int32 positions");
-  }
-  // Not aliased (XLA could not reuse the input buffers): start from a copy.
-  const int64_t bytes = cache_type == ffi::DataType::F32 ? 4 : 2;
-  const size_t cache_bytes = static_cast<size_t>(keys.element_count() * bytes);
-  if (keys_out->untyped_data() != keys.untyped_data()) {
-    std::memcpy(keys_out->untyped_data(), keys.untyped_data(), cache_bytes);
-  }
-  if (values_out->untyped_data() != values.untyped_data()) {
-    std::memcpy(values_out->untyped_data(), values.untyped_data(),
-                cache_bytes);
-  }
-  if (V * Bn * S * H == 0 || D == 0) return ffi::Error::Success();
-  if (L == 0) {
-    return ffi::Error::InvalidArgument("cached_attention: empty cache");
-  }
-  const int32_t* pos = static_cast<const int32_t*>(positions.untyped_data());
-  WriteRows(new_keys, pos, stages.begin(), *keys_out, V, R, Bn, S, H, L, D,
-            bytes);
-  WriteRows(new_values, pos, stages.begin(), *values_out, V, R, Bn, S, H, L,
-            D, bytes);
-  const int n = NumThreads(threads);
-  const bool q32 = query.element_type() == ffi::DataType::F32;
-  const bool c32 = keys.element_type() == ffi::DataType::F32;
-  const bool b32 = bias.element_type() == ffi::DataType::F32;
-  const int64_t* st = stages.begin();
-#define T5X_SPEED_ATTEND(Q, C, B)                                         \
-  return Attend<Q, C, B>(pool, query, *keys_out, *values_out, bias, *out, \
-                         st, V, R, Bn, S, H, L, D, n)
-  if (q32 && c32 && b32) T5X_SPEED_ATTEND(float, float, float);
-  if (q32 && c32) T5X_SPEED_ATTEND(float, float, uint16_t);
-  if (q32 && b32) T5X_SPEED_ATTEND(float, uint16_t, float);
-  if (q32) T5X_SPEED_ATTEND(float, uint16_t, uint16_t);
-  if (c32 && b32) T5X_SPEED_ATTEND(uint16_t, float, float);
-  if (c32) T5X_SPEED_ATTEND(uint16_t, float, uint16_t);
-  if (b32) T5X_SPEED_ATTEND(uint16_t, uint16_t, float);
-  T5X_SPEED_ATTEND(uint16_t, uint16_t, uint16_t);
-#undef T5X_SPEED_ATTEND
-}
-
-// ---------------------------------------------------------------------------
 // Row gather: out[..., n, :] = table[..., ids[..., n], :], the bits of any
 // element type copied as they are (XLA:CPU gathers bfloat16 through a
 // float32 or uint16 copy of the whole table). Ids out of range are clamped
@@ -647,22 +388,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmulNT, RowMatmulNT,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("threads"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedCachedAttention, CachedAttention,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<ffi::Span<const int64_t>>("stages")
                                   .Attr<int64_t>("threads"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedGatherRows, GatherRows,
