@@ -33,10 +33,10 @@ traced:
 
 * Gathers and scatters of 16-bit floats (`layers.Embed`, `layers.write_cache`)
   move the bits as uint16 in every pass: they only move values, and XLA:CPU
-  would convert the whole operand to float32 and back. (A decode step with
-  the kernel gathers embedding rows with `rowmatmul.gather_rows`: XLA:CPU
-  still copies the whole table to uint16 per step.) Their derivative is
-  the plain gather's or scatter's.
+  would convert the whole operand to float32 and back. Their derivative is
+  the plain gather's or scatter's. A decode step with the kernel instead
+  gathers embedding rows with `rowmatmul.gather_rows`, which copies only
+  the rows (the uint16 view of the table would be a copy per step).
 
 * How many rows SPEED speculates with (`resolve_max_speculative_rows`). A
   SPEED step multiplies batch x R rows by each weight. While that is a few
@@ -92,7 +92,7 @@ _MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
 
 # Rows per step (batch x R) up to which SPEED's pipeline beats the
 # full-depth step on CPU with the few-row kernel, as tools.bench measures it
-# (docs/performance.md#large-batches): ahead at 6 rows, not reliably at 12.
+# (docs/performance.md#large-batches).
 CPU_MAX_SPECULATIVE_ROWS = 8
 
 _log = logging.getLogger(__name__)

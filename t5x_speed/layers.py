@@ -313,14 +313,8 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
     stages = tuple(stages) * 2
     positions = jnp.concatenate([positions, jnp.full_like(positions, -1)], 1)
     update = jnp.concatenate([update, update], 1)
-  length = cache.shape[3]
-  positions = jnp.where(positions >= 0, positions, length)  # -1 -> dropped
-  stage_idx = jnp.asarray(stages, jnp.int32)[None, :]        # [1, slots]
-  batch_idx = jnp.arange(cache.shape[1])[:, None]            # [batch, 1]
-  # Indices [batch, slots] around the head slice: updates [b, s, heads, d].
-  scatter = lambda c, u, s, b, p: c.at[s, b, :, p].set(u, mode='drop')
-  return backend.move_values(scatter, (cache, update), stage_idx, batch_idx,
-                             positions)
+  scatter = lambda c, u, p: rowattention.write_reference(c, stages, p, u)
+  return backend.move_values(scatter, (cache, update), positions)
 
 
 def cached_attention(query: Array, keys: Array, values: Array, bias: Array,

@@ -38,7 +38,6 @@ from t5x_speed import rowmatmul
 Array = jax.Array
 
 _TARGET = 't5x_speed_cached_attention'
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def _read_stages(cache: Array, stages: Sequence[int]) -> Array:
@@ -82,8 +81,9 @@ def write_reference(cache: Array, stages: Sequence[int], positions: Array,
   """
   length = cache.shape[3]
   positions = jnp.where(positions >= 0, positions, length)  # -1 -> dropped
-  stage_idx = jnp.asarray(stages, jnp.int32)[None, :]
-  batch_idx = jnp.arange(cache.shape[1])[:, None]
+  stage_idx = jnp.asarray(stages, jnp.int32)[None, :]        # [1, slots]
+  batch_idx = jnp.arange(cache.shape[1])[:, None]            # [batch, 1]
+  # Indices [batch, slots] around the head slice: rows [b, s, heads, d].
   return cache.at[stage_idx, batch_idx, :, positions].set(
       rows.astype(cache.dtype), mode='drop')
 
@@ -189,11 +189,10 @@ def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
                      f'new keys {new_keys.shape}, new values '
                      f'{new_values.shape}, positions {positions.shape}, '
                      f'stages {stages}).')
-  if (isinstance(threads, bool) or
-      not isinstance(threads, (int, np.integer)) or threads < 0):
-    raise ValueError(f'threads must be an integer >= 0, got {threads!r}.')
-  if (force_xla or query.dtype not in _DTYPES or keys.dtype not in _DTYPES or
-      values.dtype != keys.dtype or bias.dtype not in _DTYPES or
+  rowmatmul.check_threads(threads)
+  dtypes = rowmatmul.KERNEL_DTYPES
+  if (force_xla or query.dtype not in dtypes or keys.dtype not in dtypes or
+      values.dtype != keys.dtype or bias.dtype not in dtypes or
       keys.shape[3] == 0 or not rowmatmul.available()):
     return _xla(query, keys, values, bias, new_keys, new_values, positions,
                 stages)

@@ -74,7 +74,8 @@ _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_rowmatmul_nt': 'T5xSpeedRowMatmulNT',
             't5x_speed_cached_attention': 'T5xSpeedCachedAttention',
             't5x_speed_gather_rows': 'T5xSpeedGatherRows'}
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+# Operand dtypes the library's kernels take as they are.
+KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
               '-fno-math-errno')
 
@@ -271,7 +272,8 @@ def _kernel_bwd(ns, transpose_w, dtype, threads, res, gs):
 _kernel.defvjp(_kernel_fwd, _kernel_bwd)
 
 
-def _check_threads(threads) -> None:
+def check_threads(threads) -> None:
+  """Raises ValueError unless `threads` (a kernel call's) is an int >= 0."""
   if (isinstance(threads, bool) or
       not isinstance(threads, (int, np.integer)) or threads < 0):
     raise ValueError(f'threads must be an integer >= 0, got {threads!r}.')
@@ -280,9 +282,10 @@ def _check_threads(threads) -> None:
 def _kernel_takes(x: Array, ws: Sequence[Array], rows: int) -> bool:
   """Whether the kernel computes x times every w of `ws` (else XLA's dot)."""
   dtype = jnp.result_type(x.dtype, *(w.dtype for w in ws))
-  return (dtype in _DTYPES and x.dtype in _DTYPES and
-          all(w.dtype == ws[0].dtype for w in ws) and ws[0].dtype in _DTYPES
-          and x.shape[-1] > 0 and 0 < rows <= MAX_ROWS and available())
+  return (dtype in KERNEL_DTYPES and x.dtype in KERNEL_DTYPES and
+          all(w.dtype == ws[0].dtype for w in ws) and
+          ws[0].dtype in KERNEL_DTYPES and x.shape[-1] > 0 and
+          0 < rows <= MAX_ROWS and available())
 
 
 def matmul(x: Array, w: Array, *, transpose_w: bool = False,
@@ -314,7 +317,7 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
   Raises:
     ValueError: on rank or shape mismatch, a bad `cols` or negative `threads`.
   """
-  _check_threads(threads)
+  check_threads(threads)
   x, w = jnp.asarray(x), jnp.asarray(w)
   if w.ndim != 2 or x.ndim < 1:
     raise ValueError(f'matmul needs x [..., K] and a 2-D w, got {x.shape} and '
@@ -362,7 +365,7 @@ def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
     ValueError: on an empty `ws`, rank or shape mismatch, or negative
       `threads`.
   """
-  _check_threads(threads)
+  check_threads(threads)
   x, ws = jnp.asarray(x), tuple(jnp.asarray(w) for w in ws)
   if not ws:
     raise ValueError('matmuls needs at least one weight.')
