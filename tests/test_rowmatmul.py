@@ -83,8 +83,10 @@ class KernelValuesTest(parameterized.TestCase):
   @parameterized.product(dtype=(F32, BF16), transpose_w=(False, True))
   def test_equals_dot(self, dtype, transpose_w):
     """Every shape's product in one compiled program."""
+    # (3, 130, 57): bf16 weights' paired columns and k, whole vectors and
+    # tails in one product.
     shapes = ((1, 768, 2048), (3, 2048, 768), (5, 37, 9), (2, 1, 7),
-              (4, 9, 1), (17, 100, 33), (64, 64, 40))
+              (4, 9, 1), (17, 100, 33), (64, 64, 40), (3, 130, 57))
     data = [_data(m, k, n, dtype, transpose_w) for m, k, n in shapes]
     products = jax.jit(lambda data: [
         rowmatmul.matmul(x, w, transpose_w=transpose_w) for x, w in data])

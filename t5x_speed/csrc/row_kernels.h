@@ -14,7 +14,8 @@
 //     FMA is a per-lane scalar FMA); out[r, n] is the slices' sum, left to
 //     right.
 //   * x @ w.T: lane l of a vector accumulator takes k = l (mod lanes) in
-//     order, then one fixed horizontal sum.
+//     order (for bf16 w, decoded in pairs: k = 2l then 2l + 1 of each block
+//     of 2 * lanes), then one fixed horizontal sum.
 //
 // Memory: M <= 8 rows keep all their accumulators in registers while a
 // column block of w streams through once; more rows are done in groups of 8
@@ -27,6 +28,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
@@ -65,6 +68,17 @@ inline float ToF32(uint16_t v) { return Bf16ToF32(v); }
 inline void FromF32(float v, float* out) { *out = v; }
 inline void FromF32(float v, uint16_t* out) { *out = F32ToBf16(v); }
 
+// Software prefetch of weights one block ahead of the loads (the next KC
+// rows of w over the same columns; the next group of w.T's rows). Each
+// stream the kernels read is short (a few KiB), and the hardware prefetchers
+// start over on every new one. Locality 1 (prefetcht2 on x86) brings the
+// lines toward the core without evicting the accumulators' lines from L1.
+// A prefetch never faults, so addresses past the end of w are harmless.
+template <typename T>
+inline void Prefetch(const T* p) {
+  __builtin_prefetch(p, /*rw=*/0, /*locality=*/1);
+}
+
 // ---------------------------------------------------------------------------
 // One vector type per instruction set, chosen at compile time (the library
 // is built with -march=native on the machine that runs it). All loads are
@@ -80,6 +94,27 @@ inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec Load(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec LoadEven(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+}
+inline Vec LoadOdd(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_and_si512(
+      _mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
+  const __m512i v = _mm512_loadu_si512(p);
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  *odd = _mm512_castsi512_ps(
+      _mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+// Writes kPair floats: even[0], odd[0], even[1], odd[1], ...
+inline void StorePairs(float* p, Vec even, Vec odd) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5,
+                                       21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  _mm512_storeu_ps(p, _mm512_permutex2var_ps(even, lo, odd));
+  _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(even, hi, odd));
 }
 inline void Store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline float ReduceAdd(Vec v) {
@@ -106,6 +141,25 @@ inline Vec Load(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline Vec LoadEven(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+inline Vec LoadOdd(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
+  *even = LoadEven(p);
+  *odd = LoadOdd(p);
+}
+inline void StorePairs(float* p, Vec even, Vec odd) {
+  const __m256 lo = _mm256_unpacklo_ps(even, odd);  // pairs 0, 1, 4, 5
+  const __m256 hi = _mm256_unpackhi_ps(even, odd);  // pairs 2, 3, 6, 7
+  _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
+  _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
 inline void Store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline float ReduceAdd(Vec v) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v),
@@ -124,10 +178,26 @@ inline Vec Set1(float v) { return v; }
 inline Vec Fma(Vec a, Vec b, Vec c) { return std::fma(a, b, c); }
 inline Vec Load(const float* p) { return *p; }
 inline Vec Load(const uint16_t* p) { return Bf16ToF32(*p); }
+inline Vec LoadEven(const uint16_t* p) { return Bf16ToF32(p[0]); }
+inline Vec LoadOdd(const uint16_t* p) { return Bf16ToF32(p[1]); }
+inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
+  *even = LoadEven(p);
+  *odd = LoadOdd(p);
+}
+inline void StorePairs(float* p, Vec even, Vec odd) {
+  p[0] = even;
+  p[1] = odd;
+}
 inline void Store(float* p, Vec v) { *p = v; }
 inline float ReduceAdd(Vec v) { return v; }
 constexpr const char* kIsa = "portable";
 #endif
+
+// bf16 in pairs: LoadEven / LoadOdd read kPair bf16 and return the
+// even-indexed / odd-indexed ones as f32, one shift / one mask per vector
+// (`Load` widens kLanes bf16 with a shuffle and a shift). The kernels below
+// use them for whole blocks of kPair bf16 weights.
+constexpr int kPair = 2 * kLanes;
 
 // Loads n < kLanes elements, zero-filling the rest, without reading past p+n.
 template <typename T>
@@ -175,7 +245,10 @@ inline void KnStep(const float* x, int64_t ldx, const W* w, int64_t M,
   const W* wk = w + k * N;
   for (int64_t c = 0; c < full; c += kLanes) {
     Vec wv[KC];
-    for (int i = 0; i < KC; ++i) wv[i] = Load(wk + i * N + c);
+    for (int i = 0; i < KC; ++i) {
+      Prefetch(wk + (KC + i) * N + c);
+      wv[i] = Load(wk + i * N + c);
+    }
     KnRows<KC>(x + k, ldx, M, wv, acc + c, stride);
   }
   if (tail > 0) {
@@ -185,25 +258,67 @@ inline void KnStep(const float* x, int64_t ldx, const W* w, int64_t M,
   }
 }
 
+// Rows [k, k + KC) of bf16 w over `paired` columns (a multiple of kPair),
+// decoded in pairs: each block's running sums are kept even columns first.
+template <int KC>
+inline void KnStepPairs(const float* x, int64_t ldx, const uint16_t* w,
+                        int64_t M, int64_t N, int64_t k, int64_t paired,
+                        float* acc, int64_t stride) {
+  const uint16_t* wk = w + k * N;
+  for (int64_t c = 0; c < paired; c += kPair) {
+    Vec even[KC], odd[KC];
+    for (int i = 0; i < KC; ++i) {
+      Prefetch(wk + (KC + i) * N + c);
+      LoadPairs(wk + i * N + c, &even[i], &odd[i]);
+    }
+    KnRows<KC>(x + k, ldx, M, even, acc + c, stride);
+    KnRows<KC>(x + k, ldx, M, odd, acc + c + kLanes, stride);
+  }
+}
+
+// Where column c (< paired) of a chunk keeps its running sum.
+inline int64_t PairedSlot(int64_t c) {
+  const int64_t i = c % kPair;
+  return c - i + (i % 2) * kLanes + i / 2;
+}
+
 // Rows [0, K) of w (row length N) times x [M, ldx] over columns [n0, n1).
 template <typename W, typename O>
 void KnChunk(const float* x, int64_t ldx, const W* w, O* out, int64_t M,
              int64_t K, int64_t N, int64_t n0, int64_t n1) {
   const int64_t width = n1 - n0;
-  const int64_t full = width / kLanes * kLanes;
-  const int tail = static_cast<int>(width - full);
-  const int64_t stride = full + (tail > 0 ? kLanes : 0);
+  const int64_t paired =
+      std::is_same_v<W, uint16_t> ? width / kPair * kPair : 0;
+  const int64_t full = (width - paired) / kLanes * kLanes;
+  const int tail = static_cast<int>(width - paired - full);
+  const int64_t stride = paired + full + (tail > 0 ? kLanes : 0);
   thread_local std::vector<float> scratch;
   scratch.assign(static_cast<size_t>(M * stride), 0.0f);
   float* acc = scratch.data();
   const W* wc = w + n0;
+  const auto step = [&](auto kc, int64_t k) {
+    constexpr int KC = decltype(kc)::value;
+    if constexpr (std::is_same_v<W, uint16_t>) {
+      KnStepPairs<KC>(x, ldx, wc, M, N, k, paired, acc, stride);
+    }
+    KnStep<KC>(x, ldx, wc + paired, M, N, k, full, tail, acc + paired,
+               stride);
+  };
   int64_t k = 0;
-  for (; k + kKc <= K; k += kKc)
-    KnStep<kKc>(x, ldx, wc, M, N, k, full, tail, acc, stride);
-  for (; k < K; ++k) KnStep<1>(x, ldx, wc, M, N, k, full, tail, acc, stride);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t c = 0; c < width; ++c)
-      FromF32(acc[r * stride + c], out + r * N + n0 + c);
+  for (; k + kKc <= K; k += kKc) step(std::integral_constant<int, kKc>(), k);
+  for (; k < K; ++k) step(std::integral_constant<int, 1>(), k);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* row = acc + r * stride;
+    O* o = out + r * N + n0;
+    if constexpr (std::is_same_v<O, float>) {
+      for (int64_t c = 0; c < paired; c += kPair) {
+        StorePairs(o + c, Load(row + c), Load(row + c + kLanes));
+      }
+    } else {
+      for (int64_t c = 0; c < paired; ++c) FromF32(row[PairedSlot(c)], o + c);
+    }
+    for (int64_t c = paired; c < width; ++c) FromF32(row[c], o + c);
+  }
 }
 
 // x @ w in slices of kKSlice rows of w: each slice is a contiguous block of
@@ -246,7 +361,10 @@ void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     Vec wv[J];
-    for (int c = 0; c < J; ++c) wv[c] = Load(w + (j + c) * K + k);
+    for (int c = 0; c < J; ++c) {
+      Prefetch(w + (j + J + c) * K + k);
+      wv[c] = Load(w + (j + c) * K + k);
+    }
     for (int r = 0; r < M; ++r) {
       const Vec xv = Load(x + r * Kp + k);
       for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
@@ -268,13 +386,82 @@ void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
   }
 }
 
+// As NkGroup for bf16 w, decoded in pairs: `x` holds each block of kPair
+// elements of a row even-indexed first (see PairedX), so lane l of an
+// accumulator takes k = 2l, then k = 2l + 1, of each block in turn.
+template <int M, int J, typename O>
+void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
+                  int64_t K, int64_t N, int64_t j) {
+  Vec acc[M][J];
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < J; ++c) acc[r][c] = Zero();
+  const auto block = [&](int64_t k, const uint16_t* const* wp) {
+    Vec xe[M], xo[M];
+    for (int r = 0; r < M; ++r) {
+      xe[r] = Load(x + r * Kp + k);
+      xo[r] = Load(x + r * Kp + k + kLanes);
+    }
+    for (int c = 0; c < J; ++c) {
+      const Vec we = LoadEven(wp[c]), wo = LoadOdd(wp[c]);
+      for (int r = 0; r < M; ++r) {
+        acc[r][c] = Fma(xe[r], we, acc[r][c]);
+        acc[r][c] = Fma(xo[r], wo, acc[r][c]);
+      }
+    }
+  };
+  const uint16_t* wp[J];
+  int64_t k = 0;
+  for (; k + kPair <= K; k += kPair) {
+    for (int c = 0; c < J; ++c) {
+      Prefetch(w + (j + J + c) * K + k);
+      wp[c] = w + (j + c) * K + k;
+    }
+    block(k, wp);
+  }
+  if (k < K) {
+    uint16_t tails[J][kPair] = {};
+    for (int c = 0; c < J; ++c) {
+      std::memcpy(tails[c], w + (j + c) * K + k, (K - k) * sizeof(uint16_t));
+      wp[c] = tails[c];
+    }
+    block(k, wp);
+  }
+  for (int r = 0; r < M; ++r) {
+    for (int c = 0; c < J; ++c) {
+      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
+    }
+  }
+}
+
+// The f32 rows x [M, K] as NkGroupPairs reads them: [M, Kp], each block of
+// kPair elements even-indexed first, zero-padded to Kp (a multiple of kPair).
+inline void PairedX(const float* x, int64_t M, int64_t K, int64_t Kp,
+                    float* paired) {
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t i = k % kPair;
+      paired[r * Kp + k - i + (i % 2) * kLanes + i / 2] = x[r * K + k];
+    }
+  }
+}
+
+template <int M, int J, typename W, typename O>
+inline void NkColumnsAt(const float* x, int64_t Kp, const W* w, O* out,
+                        int64_t K, int64_t N, int64_t j) {
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    NkGroupPairs<M, J>(x, Kp, w, out, K, N, j);
+  } else {
+    NkGroup<M, J>(x, Kp, w, out, K, N, j);
+  }
+}
+
 template <int M, typename W, typename O>
 void NkRange(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
              int64_t N, int64_t n0, int64_t n1) {
   constexpr int J = NkColumns(M);
   int64_t j = n0;
-  for (; j + J <= n1; j += J) NkGroup<M, J>(x, Kp, w, out, K, N, j);
-  for (; j < n1; ++j) NkGroup<M, 1>(x, Kp, w, out, K, N, j);
+  for (; j + J <= n1; j += J) NkColumnsAt<M, J>(x, Kp, w, out, K, N, j);
+  for (; j < n1; ++j) NkColumnsAt<M, 1>(x, Kp, w, out, K, N, j);
 }
 
 // ---------------------------------------------------------------------------

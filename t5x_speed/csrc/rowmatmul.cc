@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ffi_threads.h"
@@ -133,17 +134,24 @@ template <typename W, typename O>
 ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                     const std::vector<Operand>& operands, int64_t M,
                     int64_t K, bool transposed, int max_threads) {
-  const int64_t Kp = transposed ? (K + kLanes - 1) / kLanes * kLanes : K;
+  const bool paired = transposed && std::is_same_v<W, uint16_t>;
+  const int64_t block = paired ? kPair : kLanes;
+  const int64_t Kp = transposed ? (K + block - 1) / block * block : K;
   const int64_t rows = operands[0].batch.x_count * M;
-  std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
+  std::vector<float> xk(static_cast<size_t>(rows * K));
   if (x.element_type() == ffi::DataType::F32) {
     const float* xs = static_cast<const float*>(x.untyped_data());
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(&xf[r * Kp], xs + r * K, K * sizeof(float));
+    std::copy(xs, xs + rows * K, xk.begin());
   } else {
     const uint16_t* xs = static_cast<const uint16_t*>(x.untyped_data());
+    for (int64_t i = 0; i < rows * K; ++i) xk[i] = Bf16ToF32(xs[i]);
+  }
+  std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
+  if (paired) {
+    PairedX(xk.data(), rows, K, Kp, xf.data());
+  } else {
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < K; ++k) xf[r * Kp + k] = Bf16ToF32(xs[r * K + k]);
+      std::copy(&xk[r * K], &xk[r * K] + K, &xf[r * Kp]);
   }
   int64_t total_bytes = 0;
   for (const Operand& o : operands) {
