@@ -307,7 +307,7 @@ class SampleBenchTest(absltest.TestCase):
     self.assertNotIn('[sample_bench', stderr.getvalue())  # --quiet
     with open(os.path.join(out, 'sample_bench.json')) as f:
       (row,) = json.load(f)['rows']
-    self.assertEqual(row['setting'], 'T=1.0, top-p 0.9')
+    self.assertEqual(row['setting'], sample_bench.TARGET_SETTING)
     self.assertTrue(row['identical'])
     self.assertGreaterEqual(row['steps_per_token'], 1.0)
     self.assertGreater(row['demo']['speedup'], 0.0)
@@ -332,6 +332,15 @@ class SampleBenchTest(absltest.TestCase):
                   table)
     self.assertIn('4x3 at width 768, vocabulary 32128 (float32, kernel on)',
                   table)
+    self.assertNotIn('Target', table)
+    target = {**row, 'setting': sample_bench.TARGET_SETTING,
+              'replay': {**row['replay'], 'speedup': 1.69}}
+    table = sample_bench.markdown(
+        {'demo_model': '2x3', 'config': '4x3', 'width': 768,
+         'vocab_size': 32128, 'dtype': 'float32', 'kernel': True,
+         'prompts': 8, 'rows': [target]})
+    self.assertIn('>= 1.7x sequential sampling in the replay: 1.69x, '
+                  'missed.', table)
 
 
 if __name__ == '__main__':
