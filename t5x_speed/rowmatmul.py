@@ -120,9 +120,10 @@ def _build_key(cxx: list) -> str:
   for path in (*_SOURCES, *_HEADERS):
     with open(path, 'rb') as f:
       sources.append(f.read())
+  # The command itself: $CXX may carry flags (e.g. a narrower -m option).
   for part in (*sources, jaxlib.__version__.encode(),
-               version.encode(), _cpu_signature().encode(),
-               ' '.join(_CXX_FLAGS).encode()):
+               version.encode(), shlex.join(cxx).encode(),
+               _cpu_signature().encode(), ' '.join(_CXX_FLAGS).encode()):
     digest.update(part)
     digest.update(b'\0')
   return digest.hexdigest()[:16]

@@ -415,6 +415,70 @@ class EdgeCasesTest(parameterized.TestCase):
         _bits(rowmatmul.matmul(x, w, force_xla=True)), _bits(jnp.dot(x, w)))
 
 
+def _x86_flags():
+  """The CPU's x86 feature flags, empty elsewhere."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('flags'):
+          return set(line.split(':', 1)[1].split())
+  except OSError:
+    pass
+  return set()
+
+
+# Each narrower build of the kernel than the host's own, in a subprocess (one
+# process registers one library): its instruction set and its values against
+# NumPy (both forms, f32 and bf16 weights, paired / whole-vector / tail
+# columns and k, 1-12 rows) and row independence. CXX's flags are part of
+# the build's cache key, so each variant is its own binary.
+_VARIANT_CHECK = """
+import numpy as np, jax, jax.numpy as jnp
+from t5x_speed import rowmatmul as r
+print('isa', r.isa())
+rng = np.random.RandomState(0)
+for transpose_w in (False, True):
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for m, k, n in ((1, 130, 57), (3, 100, 200), (12, 64, 75)):
+      x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+      w = jnp.asarray(rng.standard_normal((n, k) if transpose_w else (k, n)),
+                      dtype)
+      got = np.asarray(r.matmul(x, w, transpose_w=transpose_w), np.float64)
+      xs, ws = np.asarray(x, np.float64), np.asarray(w, np.float64)
+      ws = ws.T if transpose_w else ws
+      ref, scale = xs @ ws, np.abs(xs) @ np.abs(ws)
+      tol = 1e-5 * scale + (2.0**-8 * np.abs(ref) if dtype == jnp.bfloat16
+                            else 0)
+      assert np.all(np.abs(got - ref) <= tol + 1e-30), (transpose_w, dtype, m)
+      for i in range(m):
+        alone = r.matmul(x[i:i + 1], w, transpose_w=transpose_w)
+        assert np.array_equal(np.asarray(alone[0], np.float32),
+                              got[i].astype(np.float32)), (transpose_w, i)
+print('ok')
+"""
+
+
+@absltest.skipUnless(rowmatmul.available() and _x86_flags(),
+                     'no kernel, or not an x86 CPU (the variants are x86 '
+                     'builds)')
+class InstructionSetVariantsTest(parameterized.TestCase):
+  """The AVX2 and portable code paths, which an AVX-512 host never runs."""
+
+  @parameterized.parameters(
+      ('avx2', '-mno-avx512f', {'avx2', 'fma'}),
+      ('portable', '-mno-avx -mno-avx2 -mno-fma -mno-avx512f', set()))
+  def test_variant(self, isa, flags, needs):
+    cpu = _x86_flags()
+    self.assertTrue(needs <= cpu, f'an x86 CPU without {needs - cpu}')
+    cxx = os.environ.get('CXX') or 'g++'
+    result = subprocess.run(
+        [sys.executable, '-c', _VARIANT_CHECK], capture_output=True,
+        text=True, timeout=600, env={**os.environ, 'CXX': f'{cxx} {flags}'})
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    self.assertIn(f'isa {isa}', result.stdout)
+    self.assertIn('ok', result.stdout)
+
+
 class FallbackTest(absltest.TestCase):
 
   def _run(self, env):
