@@ -108,6 +108,14 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t chunks, int threads,
 // costs more than it saves.
 constexpr int64_t kMinParallelBytes = 256 * 1024;
 
+// Threads for a call that reads `bytes`: up to `max_threads`, one below
+// kMinParallelBytes or where XLA gives no pool.
+inline int ThreadsFor(const xla::ffi::ThreadPool& pool, int64_t bytes,
+                      int max_threads) {
+  if (bytes < kMinParallelBytes || pool.num_threads() <= 0) return 1;
+  return max_threads;
+}
+
 inline bool IsFloat(xla::ffi::DataType t) {
   return t == xla::ffi::DataType::F32 || t == xla::ffi::DataType::BF16;
 }

@@ -66,8 +66,7 @@ ffi::Error Attend(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
   Q* o = static_cast<Q*>(out.untyped_data());
   const int64_t rows = V * Bn * S * H;
   const int64_t bytes = rows * L * D * 2 * static_cast<int64_t>(sizeof(C));
-  int threads = bytes >= kMinParallelBytes ? max_threads : 1;
-  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
+  const int threads = ThreadsFor(pool, bytes, max_threads);
   const int64_t per = std::max<int64_t>(1, rows / (4 * threads));
   const int64_t chunks = (rows + per - 1) / per;
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;

@@ -95,13 +95,6 @@ inline Vec Load(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-inline Vec LoadEven(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
-}
-inline Vec LoadOdd(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_and_si512(
-      _mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-}
 inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
   const __m512i v = _mm512_loadu_si512(p);
   *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -141,18 +134,11 @@ inline Vec Load(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline Vec LoadEven(const uint16_t* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
-inline Vec LoadOdd(const uint16_t* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm256_castsi256_ps(
-      _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
-}
 inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
-  *even = LoadEven(p);
-  *odd = LoadOdd(p);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  *odd = _mm256_castsi256_ps(
+      _mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 inline void StorePairs(float* p, Vec even, Vec odd) {
   const __m256 lo = _mm256_unpacklo_ps(even, odd);  // pairs 0, 1, 4, 5
@@ -178,11 +164,9 @@ inline Vec Set1(float v) { return v; }
 inline Vec Fma(Vec a, Vec b, Vec c) { return std::fma(a, b, c); }
 inline Vec Load(const float* p) { return *p; }
 inline Vec Load(const uint16_t* p) { return Bf16ToF32(*p); }
-inline Vec LoadEven(const uint16_t* p) { return Bf16ToF32(p[0]); }
-inline Vec LoadOdd(const uint16_t* p) { return Bf16ToF32(p[1]); }
 inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
-  *even = LoadEven(p);
-  *odd = LoadOdd(p);
+  *even = Bf16ToF32(p[0]);
+  *odd = Bf16ToF32(p[1]);
 }
 inline void StorePairs(float* p, Vec even, Vec odd) {
   p[0] = even;
@@ -193,11 +177,18 @@ inline float ReduceAdd(Vec v) { return v; }
 constexpr const char* kIsa = "portable";
 #endif
 
-// bf16 in pairs: LoadEven / LoadOdd read kPair bf16 and return the
-// even-indexed / odd-indexed ones as f32, one shift / one mask per vector
-// (`Load` widens kLanes bf16 with a shuffle and a shift). The kernels below
-// use them for whole blocks of kPair bf16 weights.
+// bf16 in pairs: LoadPairs reads kPair bf16 and returns the even-indexed
+// and the odd-indexed ones as f32, one shift / one mask per vector (`Load`
+// widens kLanes bf16 with a shuffle and a shift). The kernels below use it
+// for whole blocks of kPair bf16 weights.
 constexpr int kPair = 2 * kLanes;
+
+// Where element i of a paired block layout lies: each block of kPair
+// elements even-indexed first (kLanes of them), then odd-indexed.
+inline int64_t PairedSlot(int64_t i) {
+  const int64_t b = i % kPair;
+  return i - b + (b % 2) * kLanes + b / 2;
+}
 
 // Loads n < kLanes elements, zero-filling the rest, without reading past p+n.
 template <typename T>
@@ -276,15 +267,10 @@ inline void KnStepPairs(const float* x, int64_t ldx, const uint16_t* w,
   }
 }
 
-// Where column c (< paired) of a chunk keeps its running sum.
-inline int64_t PairedSlot(int64_t c) {
-  const int64_t i = c % kPair;
-  return c - i + (i % 2) * kLanes + i / 2;
-}
-
-// Rows [0, K) of w (row length N) times x [M, ldx] over columns [n0, n1).
-template <typename W, typename O>
-void KnChunk(const float* x, int64_t ldx, const W* w, O* out, int64_t M,
+// Rows [0, K) of w (row length N) times x [M, ldx] over columns [n0, n1),
+// into f32 `out` (a slice's partial products, see Dispatch).
+template <typename W>
+void KnChunk(const float* x, int64_t ldx, const W* w, float* out, int64_t M,
              int64_t K, int64_t N, int64_t n0, int64_t n1) {
   const int64_t width = n1 - n0;
   const int64_t paired =
@@ -309,15 +295,11 @@ void KnChunk(const float* x, int64_t ldx, const W* w, O* out, int64_t M,
   for (; k < K; ++k) step(std::integral_constant<int, 1>(), k);
   for (int64_t r = 0; r < M; ++r) {
     const float* row = acc + r * stride;
-    O* o = out + r * N + n0;
-    if constexpr (std::is_same_v<O, float>) {
-      for (int64_t c = 0; c < paired; c += kPair) {
-        StorePairs(o + c, Load(row + c), Load(row + c + kLanes));
-      }
-    } else {
-      for (int64_t c = 0; c < paired; ++c) FromF32(row[PairedSlot(c)], o + c);
+    float* o = out + r * N + n0;
+    for (int64_t c = 0; c < paired; c += kPair) {
+      StorePairs(o + c, Load(row + c), Load(row + c + kLanes));
     }
-    for (int64_t c = paired; c < width; ++c) FromF32(row[c], o + c);
+    std::copy(row + paired, row + width, o + paired);
   }
 }
 
@@ -387,8 +369,8 @@ void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
 }
 
 // As NkGroup for bf16 w, decoded in pairs: `x` holds each block of kPair
-// elements of a row even-indexed first (see PairedX), so lane l of an
-// accumulator takes k = 2l, then k = 2l + 1, of each block in turn.
+// elements of a row even-indexed first (PairedSlot), zero-padded to Kp, so
+// lane l of an accumulator takes k = 2l, then k = 2l + 1, of each block.
 template <int M, int J, typename O>
 void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
                   int64_t K, int64_t N, int64_t j) {
@@ -402,7 +384,8 @@ void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
       xo[r] = Load(x + r * Kp + k + kLanes);
     }
     for (int c = 0; c < J; ++c) {
-      const Vec we = LoadEven(wp[c]), wo = LoadOdd(wp[c]);
+      Vec we, wo;
+      LoadPairs(wp[c], &we, &wo);
       for (int r = 0; r < M; ++r) {
         acc[r][c] = Fma(xe[r], we, acc[r][c]);
         acc[r][c] = Fma(xo[r], wo, acc[r][c]);
@@ -429,18 +412,6 @@ void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
   for (int r = 0; r < M; ++r) {
     for (int c = 0; c < J; ++c) {
       FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
-    }
-  }
-}
-
-// The f32 rows x [M, K] as NkGroupPairs reads them: [M, Kp], each block of
-// kPair elements even-indexed first, zero-padded to Kp (a multiple of kPair).
-inline void PairedX(const float* x, int64_t M, int64_t K, int64_t Kp,
-                    float* paired) {
-  for (int64_t r = 0; r < M; ++r) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t i = k % kPair;
-      paired[r * Kp + k - i + (i % 2) * kLanes + i / 2] = x[r * K + k];
     }
   }
 }
@@ -509,7 +480,10 @@ void RunRowGroups(const Problem<W, O>& p, int64_t n0, int64_t n1) {
 template <typename W, typename O>
 void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
   if (!p.transposed) {  // x has row stride Kp == K here
-    KnChunk(p.x, p.Kp, p.w, p.out, p.M, p.K, p.N, n0, n1);
+    // Dispatch runs x @ w as slices with f32 partial products only.
+    if constexpr (std::is_same_v<O, float>) {
+      KnChunk(p.x, p.Kp, p.w, p.out, p.M, p.K, p.N, n0, n1);
+    }
     return;
   }
   if (p.M <= kMaxGroupRows) {

@@ -138,29 +138,22 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const int64_t block = paired ? kPair : kLanes;
   const int64_t Kp = transposed ? (K + block - 1) / block * block : K;
   const int64_t rows = operands[0].batch.x_count * M;
-  std::vector<float> xk(static_cast<size_t>(rows * K));
-  if (x.element_type() == ffi::DataType::F32) {
-    const float* xs = static_cast<const float*>(x.untyped_data());
-    std::copy(xs, xs + rows * K, xk.begin());
-  } else {
-    const uint16_t* xs = static_cast<const uint16_t*>(x.untyped_data());
-    for (int64_t i = 0; i < rows * K; ++i) xk[i] = Bf16ToF32(xs[i]);
-  }
   std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
-  if (paired) {
-    PairedX(xk.data(), rows, K, Kp, xf.data());
-  } else {
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy(&xk[r * K], &xk[r * K] + K, &xf[r * Kp]);
+  const bool x32 = x.element_type() == ffi::DataType::F32;
+  const float* xs32 = static_cast<const float*>(x.untyped_data());
+  const uint16_t* xs16 = static_cast<const uint16_t*>(x.untyped_data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t i = r * K + k;
+      xf[r * Kp + (paired ? PairedSlot(k) : k)] =
+          x32 ? xs32[i] : Bf16ToF32(xs16[i]);
+    }
   }
   int64_t total_bytes = 0;
   for (const Operand& o : operands) {
     total_bytes += o.batch.count * K * o.N * static_cast<int64_t>(sizeof(W));
   }
-  int threads = total_bytes >= kMinParallelBytes ? max_threads : 1;
-  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
-
-  if (threads > 1 && pool.num_threads() <= 0) threads = 1;
+  const int threads = ThreadsFor(pool, total_bytes, max_threads);
   if (transposed) {
     std::vector<Task<W, O>> tasks;
     for (const Operand& o : operands) {
