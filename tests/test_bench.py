@@ -74,7 +74,7 @@ class FlagsTest(absltest.TestCase):
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 12)
+    self.assertLen(flags, 13)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
@@ -93,7 +93,7 @@ class FlagsTest(absltest.TestCase):
                  '--speculative_vocab', '--out', '--demo_out', '--quick',
                  '--quiet'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 12)
+    self.assertEqual(text.count('(default: '), 13)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 
@@ -236,6 +236,55 @@ class BenchRunTest(absltest.TestCase):
       table = f.read()
     self.assertIn('| 4x3 | 8 | short | speed_pipeline |', table)
     self.assertIn('GB/s median', table)
+
+
+  def test_saved_records_replay_without_the_demo_model(self):
+    # A first run records the schedules into --records; a second replays
+    # them with neither the demo model nor its task's prompts reachable (as
+    # on a machine without seqio), and takes the same steps.
+    source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
+    tiny = lambda g, r, dtype: helpers.tiny_config(  # pylint: disable=g-long-lambda
+        num_unique_layers=g, num_repeats=r, dtype=dtype,
+        vocab_size=demo_model.VOCAB_SIZE)
+    records = os.path.join(tempfile.mkdtemp(), 'records.json')
+    runs = []
+    for recorded in (False, True):
+      out = tempfile.mkdtemp()
+      unreachable = mock.Mock(side_effect=AssertionError('not replayed'))
+      with mock.patch.object(replay, 'demo_schedule_source',
+                             unreachable if recorded else
+                             mock.Mock(return_value=source)), \
+           mock.patch.object(demo_model, 'held_out',
+                             unreachable if recorded else demo_model.held_out), \
+           mock.patch.object(bench_measure, 'base_config', tiny):
+        self.assertEqual(bench.main(
+            ['--quick', '--repeats', '1', '--quiet',
+             '--records', records, '--out', out]), 0)
+      with open(os.path.join(out, 'bench.json')) as f:
+        runs.append(json.load(f)['results'][0])
+    with open(records) as f:
+      self.assertEqual(list(json.load(f)), [
+          f'R3_batch1_short_steps{demo_model.REPLAY_STEPS}'])
+    first, second = runs
+    self.assertEqual(first['replay'], second['replay'])
+    for method in ('greedy', 'speed'):
+      self.assertTrue(second['methods'][method]['replay_consistent'])
+      self.assertEqual(first['methods'][method]['loop_steps'],
+                       second['methods'][method]['loop_steps'])
+
+  def test_imports_without_seqio_or_tensorflow(self):
+    # Replaying saved records is how the bench runs where seqio and
+    # TensorFlow are not installed (a GPU machine).
+    blocked = ('seqio', 'tensorflow', 'tensorflow_datasets', 't5x', 'gin')
+    code = ('import sys\n'
+            f'for name in {blocked!r}: sys.modules[name] = None\n'
+            'import tools.bench, tools.replay\n'
+            'print(sorted(set(tools.replay.METHODS)))\n')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                            text=True, check=False, cwd=REPO_ROOT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("'speed'", result.stdout)
 
 
 class DecodeProfileTest(absltest.TestCase):

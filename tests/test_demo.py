@@ -43,6 +43,12 @@ class NumbersTaskTest(absltest.TestCase):
     self.assertGreater(len(held), 100)
     self.assertEmpty(train & held)
 
+  def test_demo_model_names_the_registered_task(self):
+    # tools.demo_model keeps these without importing TensorFlow.
+    self.assertEqual(demo_model.TASK, demo_task.DEMO_TASK)
+    self.assertEqual(demo_model.LENGTHS, demo_task.DEMO_SEQUENCE_LENGTH)
+    self.assertEqual(demo_model.task().name, demo_task.DEMO_TASK)
+
   def test_examples_through_the_decoder_feature_converter(self):
     task = seqio.get_mixture_or_task(demo_task.DEMO_TASK)
     lengths = demo_task.DEMO_SEQUENCE_LENGTH

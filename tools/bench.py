@@ -1,7 +1,8 @@
 """The performance record: SPEED against greedy at T5-Base width, side by side.
 
     python -m tools.bench [--configs 4x3,2x6] [--batch_sizes 1,4,16]
-                          [--lengths short,long] [--out bench_out] [--quiet]
+                          [--lengths short,long] [--out bench_out]
+                          [--records FILE] [--quiet]
 
 Base-width training is out of reach on a CPU, so the shared models' exits are
 a clearly labelled *replay*: a small model with the same number of stages R is
@@ -34,6 +35,12 @@ method is to the memory-bandwidth limit; the bandwidth is the faster of a
 jitted reduction and a STREAM-like copy (read + write bytes), probed before
 every timed round (a shared host's bandwidth drifts) and taken as the median,
 so the share can exceed 100% only where a method reads faster than both.
+
+--records FILE keeps each row group's recorded schedules and prompts: a
+second run replays them without the demo models, seqio or TensorFlow, so a
+recording made on a CPU times another backend (a GPU: JAX's default backend
+runs everything; there XLA's dot is the only path, and the targets, which are
+the CPU's, are not printed).
 
 Decode-step matmuls use the few-row kernel (`t5x_speed.rowmatmul`) when it
 is built, else XLA's dot (the JSON records which). Each batch's prefill
@@ -105,6 +112,11 @@ def parser() -> argparse.ArgumentParser:
                  'XLA\'s dot (the few-row kernel off), side by side.')
   p.add_argument('--demo_out', default='demo_out',
                  help='where the demo models are saved / trained.')
+  p.add_argument('--records', default='',
+                 help='a JSON file of recorded schedules: row groups saved '
+                 'there are replayed from it (no demo model, seqio or '
+                 'TensorFlow needed, e.g. on a GPU machine), the others are '
+                 'recorded and added to it.')
   p.add_argument('--quick', action='store_true',
                  help='4x3, batch 1, short only, greedy vs SPEED (overrides '
                  '--configs, --batch_sizes and --lengths; no G-layer, '
@@ -124,11 +136,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   os.makedirs(args.out, exist_ok=True)
   bandwidth = bench_measure.memory_bandwidth()
   copy = bench_measure.copy_bandwidth()
-  meta = {'machine': f'{common.cpu_model()}, {os.cpu_count()} cores',
+  on_cpu = jax.default_backend() == 'cpu'
+  machine = f'{common.cpu_model()}, {os.cpu_count()} cores'
+  if not on_cpu:
+    machine += f'; {jax.devices()[0].device_kind}'
+  meta = {'machine': machine,
           'jax': jax.__version__, 'backend': jax.default_backend(),
           'dtype': args.dtype,
           'bandwidth_gb_s': bandwidth / 1e9, 'copy_gb_s': copy / 1e9,
-          'kernel': rowmatmul.isa() or 'off (XLA dot)',
+          'kernel': (rowmatmul.isa() if on_cpu else None) or 'off (XLA dot)',
           'replay_steps': args.replay_steps}
   print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s (reduction), '
         f'{copy / 1e9:.1f} GB/s (copy, read + write). Few-row kernel: '

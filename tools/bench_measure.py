@@ -76,7 +76,8 @@ def method_configs(g: int, r: int, args,
       configs['t5x_sample'] = shared
     except ImportError:
       pass
-  if args.xla_baseline and rowmatmul.available():
+  if (args.xla_baseline and jax.default_backend() == 'cpu' and
+      rowmatmul.available()):
     for method in XLA_BASELINES:
       if method in configs:
         configs[method + XLA_SUFFIX] = configs[method]
@@ -249,16 +250,23 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   progress = progress or common.Progress('bench', 0, quiet=True)
   log = lambda m: progress.log(f'{g}x{r} batch {batch} {length}: {m}')
   sources = {} if sources is None else sources
-  if r not in sources:
-    sources[r] = replay.demo_schedule_source(
-        r, args.demo_out, args.replay_steps, log=log, quiet=progress.quiet)
-  low, high = LENGTHS[length]
-  prompts, lengths, _ = demo_model.held_out(PROMPTS, split='test',
-                                            min_numbers=low, max_numbers=high)
-  log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
-  recs = [replay.record(sources[r], prompts[i:i + batch],
-                        lengths[i:i + batch])
-          for i in range(0, PROMPTS, batch)]
+  key = f'R{r}_batch{batch}_{length}_steps{args.replay_steps}'
+  recs = replay.load_records(args.records, key) if args.records else None
+  if recs is not None:
+    log(f'replaying the schedules saved in {args.records}')
+  else:
+    if r not in sources:
+      sources[r] = replay.demo_schedule_source(
+          r, args.demo_out, args.replay_steps, log=log, quiet=progress.quiet)
+    low, high = LENGTHS[length]
+    prompts, lengths, _ = demo_model.held_out(
+        PROMPTS, split='test', min_numbers=low, max_numbers=high)
+    log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
+    recs = [replay.record(sources[r], prompts[i:i + batch],
+                          lengths[i:i + batch])
+            for i in range(0, PROMPTS, batch)]
+    if args.records:
+      replay.save_records(args.records, key, recs)
   configs = method_configs(g, r, args, batch)
   runs = {}
   for method, cfg in configs.items():
@@ -281,7 +289,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
                                          progress.advance)
   bandwidth = float(np.median(probes))
   sizes = layer_and_classifier_bytes(configs['greedy'])
-  cache_length = prompts.shape[1] + 1 + demo_model.LENGTHS['targets']
+  cache_length = (recs[0]['prompts'].shape[1] + 1 +
+                  demo_model.LENGTHS['targets'])
   rows = {method: _method_row(method, configs[method], results, times[method],
                               recs, outputs['greedy'], sizes, args, batch,
                               cache_length, bandwidth)

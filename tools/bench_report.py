@@ -87,8 +87,11 @@ def targets(results: List[Dict[str, Any]], meta: Dict[str, Any]
   value reads, met; None where SPEED ran greedy's program and only noise
   separates them). Float32 targets from a float32 run, the bfloat16 ones
   from a bfloat16 run, the paper-flip-rate one from a --replay_steps 150
-  run (its 4x3 batch-1 group); decoding alone, against the best greedy."""
+  run (its 4x3 batch-1 group); decoding alone, against the best greedy.
+  The targets are the CPU's: a run on another backend measures none."""
   out = []
+  if meta.get('backend', 'cpu') != 'cpu':
+    return out
   dtype = meta.get('dtype', 'float32')
   paper_flips = meta.get('replay_steps') == 150
   for res in results:

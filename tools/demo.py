@@ -130,8 +130,7 @@ def _decode_trained(settings, params, args) -> Dict[str, Any]:
   """Greedy and SPEED on the trained model, greedy on its first
   repetition: timings, exact match, SPEED's statistics, examples."""
   r = settings.num_repeats
-  vocab = demo_model.seqio.get_mixture_or_task(
-      demo_model.TASK).output_features['targets'].vocabulary
+  vocab = demo_model.task().output_features['targets'].vocabulary
   shared = network.SpeedTransformer(settings.config())
   g_layers = network.SpeedTransformer(settings.config(num_repeats=1))
   models = {'greedy': (shared, 'greedy'), 'speed': (shared, 'speed'),

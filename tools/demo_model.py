@@ -3,7 +3,9 @@
 Shared by `tools.demo` (the main job) and the benches' replay
 (`tools.replay`): builds the model, trains it with the weighted early-exit
 loss (optax, no T5X), saves and reloads its parameters, and reads held-out
-prompts, all through seqio.
+prompts, all through seqio. seqio and TensorFlow load on first use of the
+task, so that a replay of saved schedules (`tools.bench --records`) runs
+where neither is installed.
 """
 
 import dataclasses
@@ -16,14 +18,14 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import seqio
 
 from t5x_speed import network
-import t5x_speed.tasks as speed_tasks
 from tools import trainer
 
-TASK = speed_tasks.DEMO_TASK
-LENGTHS = speed_tasks.DEMO_SEQUENCE_LENGTH
+# `t5x_speed.tasks.DEMO_TASK` and `DEMO_SEQUENCE_LENGTH`, which import
+# TensorFlow (tests/test_demo.py checks they agree).
+TASK = 'speed_demo_numbers'
+LENGTHS = {'inputs': 24, 'targets': 112}
 VOCAB_SIZE = 384  # the byte vocabulary's 259 ids, rounded up to 128
 
 
@@ -98,10 +100,17 @@ def parse_gxr(text: str) -> Tuple[int, int]:
   return g, r
 
 
+def task():
+  """The registered demo task (imports seqio and `t5x_speed.tasks`)."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import t5x_speed.tasks  # pylint: disable=g-import-not-at-top,unused-import
+  return seqio.get_mixture_or_task(TASK)
+
+
 def _batches(split: str, batch_size: int, pack: bool, shuffle: bool,
              seed: int):
-  task = seqio.get_mixture_or_task(TASK)
-  ds = task.get_dataset(LENGTHS, split=split, shuffle=shuffle, seed=seed)
+  import seqio  # pylint: disable=g-import-not-at-top
+  ds = task().get_dataset(LENGTHS, split=split, shuffle=shuffle, seed=seed)
   ds = seqio.DecoderFeatureConverter(pack=pack)(ds, LENGTHS)
   return ds.batch(batch_size, drop_remainder=True).prefetch(2)
 
@@ -162,10 +171,10 @@ def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
 
   Returns (prompts [count, P] right-padded, lengths [count], targets).
   """
-  task = seqio.get_mixture_or_task(TASK)
-  vocab = task.output_features['targets'].vocabulary
+  demo_task = task()
+  vocab = demo_task.output_features['targets'].vocabulary
   prompts, targets = [], []
-  examples = task.get_dataset(LENGTHS, split=split, shuffle=False)
+  examples = demo_task.get_dataset(LENGTHS, split=split, shuffle=False)
   for ex in examples.as_numpy_iterator():
     text = ex['inputs_pretokenized'].decode()
     numbers = text.count(',') + 1

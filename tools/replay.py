@@ -12,11 +12,15 @@ model thus takes exactly the recorded loop steps and flushes; sequential
 decoding is forced to the same tokens.
 
 Every replay returns a `decoding.DecodeResult` (stats None for the
-sequential methods).
+sequential methods). Recorded schedules can be saved to a JSON file and
+replayed elsewhere (`save_records`, `load_records`): on a machine without
+seqio or TensorFlow, or to time a GPU on a CPU's recording.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -280,3 +284,49 @@ def replay_sample_args(setting: Optional[Dict[str, float]], seed: int
   return dict(decode_rng=jax.random.PRNGKey(seed),
               temperature=jnp.float32(setting['temperature']),
               topp=jnp.float32(setting['topp']))
+
+
+def _encode(value):
+  """A record's value as JSON: arrays keep their dtype."""
+  if isinstance(value, dict):
+    return {k: _encode(v) for k, v in value.items()}
+  if isinstance(value, (np.ndarray, jax.Array)):
+    value = np.asarray(value)
+    return {'array': value.tolist(), 'dtype': str(value.dtype)}
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
+
+
+def _decode(value):
+  if isinstance(value, dict):
+    if set(value) == {'array', 'dtype'}:
+      return np.asarray(value['array'], value['dtype'])
+    return {k: _decode(v) for k, v in value.items()}
+  return value
+
+
+def load_records(path: str, key: str) -> Optional[List[Dict[str, Any]]]:
+  """The records saved under `key` in the JSON file `path`; None where the
+  file or the key does not exist."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    saved = json.load(f)
+  if key not in saved:
+    return None
+  return [_decode(rec) for rec in saved[key]]
+
+
+def save_records(path: str, key: str, records: List[Dict[str, Any]]) -> None:
+  """Adds `records` (`record`'s dicts) under `key` to the JSON file `path`,
+  keeping the other keys it holds."""
+  saved = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+  saved[key] = [_encode(rec) for rec in records]
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(saved, f)
+  os.replace(tmp, path)
