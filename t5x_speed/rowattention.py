@@ -11,7 +11,8 @@ the rows into the caches in place, then attends each row in float32 with one
 fixed sequence of operations, reading float32 or bfloat16 caches as they
 are, only up to the last unmasked key, and each slot's stage where it lies.
 So SPEED's attention, like its weight products, is bit-identical to
-greedy's.
+greedy's. `attention` is the same attention over caches the step does not
+write (an encoder-decoder model's cross-attention keys and values).
 
 Which passes use it is decided in `t5x_speed.backend`, with the weight
 matmuls: a decode step whose matmuls use the kernel.
@@ -38,6 +39,7 @@ from t5x_speed import rowmatmul
 Array = jax.Array
 
 _TARGET = 't5x_speed_cached_attention'
+_ATTEND_TARGET = 't5x_speed_attention'
 
 
 def _read_stages(cache: Array, stages: Sequence[int]) -> Array:
@@ -86,6 +88,24 @@ def write_reference(cache: Array, stages: Sequence[int], positions: Array,
   # Indices [batch, slots] around the head slice: rows [b, s, heads, d].
   return cache.at[stage_idx, batch_idx, :, positions].set(
       rows.astype(cache.dtype), mode='drop')
+
+
+def _check_attention(query: Array, keys: Array, values: Array, bias: Array,
+                     stages: Sequence[int]) -> None:
+  """Raises ValueError where the shapes of an attention call do not match."""
+  if (query.ndim != 4 or keys.ndim != 5 or values.shape != keys.shape or
+      bias.ndim != 4):
+    raise ValueError(f'attention needs query [b, s, h, d], keys and values '
+                     f'[stages, b, h, len, d] and bias [b, s, h, len], got '
+                     f'{query.shape}, {keys.shape}, {values.shape}, '
+                     f'{bias.shape}.')
+  b, s, h, d = query.shape
+  if (keys.shape[1:3] != (b, h) or keys.shape[4] != d or
+      bias.shape != (b, s, h, keys.shape[3]) or len(stages) != s or
+      not all(0 <= st < keys.shape[0] for st in stages)):
+    raise ValueError(f'attention: shapes do not match (query {query.shape}, '
+                     f'keys {keys.shape}, bias {bias.shape}, stages '
+                     f'{tuple(stages)}).')
 
 
 def _ffi(query, keys, values, bias, new_keys, new_values, positions, stages,
@@ -172,23 +192,12 @@ def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
       `threads`.
   """
   stages = tuple(int(s) for s in stages)
-  if (query.ndim != 4 or keys.ndim != 5 or values.shape != keys.shape or
-      bias.ndim != 4):
-    raise ValueError(f'cached_attention needs query [b, s, h, d], keys and '
-                     f'values [stages, b, h, len, d] and bias [b, s, h, len], '
-                     f'got {query.shape}, {keys.shape}, {values.shape}, '
-                     f'{bias.shape}.')
-  b, s, h, d = query.shape
-  if (keys.shape[1:3] != (b, h) or keys.shape[4] != d or
-      bias.shape != (b, s, h, keys.shape[3]) or len(stages) != s or
-      new_keys.shape != query.shape or new_values.shape != query.shape or
-      positions.shape != (b, s) or
-      not all(0 <= st < keys.shape[0] for st in stages)):
+  _check_attention(query, keys, values, bias, stages)
+  if (new_keys.shape != query.shape or new_values.shape != query.shape or
+      positions.shape != query.shape[:2]):
     raise ValueError(f'cached_attention: shapes do not match (query '
-                     f'{query.shape}, keys {keys.shape}, bias {bias.shape}, '
-                     f'new keys {new_keys.shape}, new values '
-                     f'{new_values.shape}, positions {positions.shape}, '
-                     f'stages {stages}).')
+                     f'{query.shape}, new keys {new_keys.shape}, new values '
+                     f'{new_values.shape}, positions {positions.shape}).')
   rowmatmul.check_threads(threads)
   dtypes = rowmatmul.KERNEL_DTYPES
   if (force_xla or query.dtype not in dtypes or keys.dtype not in dtypes or
@@ -199,3 +208,66 @@ def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
   return _kernel(query, keys, values, bias, new_keys.astype(keys.dtype),
                  new_values.astype(keys.dtype),
                  jnp.asarray(positions, jnp.int32), stages, int(threads))
+
+
+def _attend_ffi(query, keys, values, bias, stages, threads):
+  call = jax.ffi.ffi_call(
+      _ATTEND_TARGET, jax.ShapeDtypeStruct(query.shape, query.dtype),
+      vmap_method='broadcast_all')
+  return call(query, keys, values, bias, stages=np.asarray(stages, np.int64),
+              threads=np.int64(threads))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _attend_kernel(query, keys, values, bias, stages, threads):
+  return _attend_ffi(query, keys, values, bias, stages, threads)
+
+
+def _attend_kernel_fwd(query, keys, values, bias, stages, threads):
+  return (_attend_ffi(query, keys, values, bias, stages, threads),
+          (query, keys, values, bias))
+
+
+def _attend_kernel_bwd(stages, threads, res, g):
+  del threads
+  _, vjp = jax.vjp(lambda *a: reference(*a, stages), *res)
+  return vjp(g)
+
+
+_attend_kernel.defvjp(_attend_kernel_fwd, _attend_kernel_bwd)
+
+
+def attention(query: Array, keys: Array, values: Array, bias: Array, *,
+              stages: Sequence[int], force_xla: bool = False,
+              threads: int = 0) -> Array:
+  """Each slot's query over its stage's cache, which this call does not
+  write (an encoder-decoder's cross-attention keys and values).
+
+  The same arithmetic as `cached_attention`'s attention, row by row: a row's
+  context does not depend on the other rows of the call.
+
+  Args:
+    query: [batch, slots, heads, head_dim].
+    keys: [stages, batch, heads, length, head_dim].
+    values: like `keys`.
+    bias: [batch, slots, heads, length] additive bias (-1e10 masks a key).
+    stages: static stage of each slot, len(stages) == slots.
+    force_xla: always use XLA's ops (`reference`).
+    threads: threads the kernel uses, 0 for one per core.
+
+  Returns:
+    context [batch, slots, heads, head_dim] in the query's dtype.
+
+  Raises:
+    ValueError: on shapes that do not match, a stage out of range or a bad
+      `threads`.
+  """
+  stages = tuple(int(s) for s in stages)
+  _check_attention(query, keys, values, bias, stages)
+  rowmatmul.check_threads(threads)
+  dtypes = rowmatmul.KERNEL_DTYPES
+  if (force_xla or query.dtype not in dtypes or keys.dtype not in dtypes or
+      values.dtype != keys.dtype or bias.dtype not in dtypes or
+      keys.shape[3] == 0 or not rowmatmul.available()):
+    return reference(query, keys, values, bias, stages)
+  return _attend_kernel(query, keys, values, bias, stages, int(threads))

@@ -73,6 +73,7 @@ _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
 _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_rowmatmul_nt': 'T5xSpeedRowMatmulNT',
             't5x_speed_cached_attention': 'T5xSpeedCachedAttention',
+            't5x_speed_attention': 'T5xSpeedAttention',
             't5x_speed_gather_rows': 'T5xSpeedGatherRows'}
 # Operand dtypes the library's kernels take as they are.
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))

@@ -138,6 +138,52 @@ class ValuesTest(parameterized.TestCase):
       np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
 
 
+@needs_kernel
+class AttentionWithoutWritesTest(parameterized.TestCase):
+  """`rowattention.attention`: the same attention over caches it does not
+  write (an encoder-decoder's cross-attention)."""
+
+  @parameterized.parameters(F32, BF16)
+  def test_is_cached_attentions_without_the_writes(self, dtype):
+    # Positions -1 make cached_attention write nothing: both calls attend
+    # bit for bit alike, and each slot alone gives its row.
+    query, keys, values, bias, *_ = _case(3, 4, 2, 23, dtype, seed=9,
+                                          positions=np.full((3, 4), 20))
+    stages = (1, 0, 1, 1)
+    got = jax.jit(lambda *a: rowattention.attention(*a, stages=stages))(
+        query, keys, values, bias)
+    want = rowattention.cached_attention(
+        query, keys, values, bias, query, query, jnp.full((3, 4), -1),
+        stages=stages)[0]
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    for s in range(4):
+      one = rowattention.attention(query[:, s:s + 1], keys, values,
+                                   bias[:, s:s + 1], stages=(stages[s],))
+      np.testing.assert_array_equal(_bits(one)[:, 0], _bits(got)[:, s])
+    xla = rowattention.attention(query, keys, values, bias, stages=stages,
+                                 force_xla=True)
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(xla, np.float32),
+                               rtol=2e-2 if dtype == BF16 else 1e-5,
+                               atol=2e-2 if dtype == BF16 else 1e-5)
+    self.assertIn('@t5x_speed_attention(', jax.jit(
+        lambda *a: rowattention.attention(*a, stages=stages)).lower(
+            query, keys, values, bias).as_text())
+
+  def test_gradient_and_bad_arguments(self):
+    query, keys, values, bias, *_ = _case(2, 2, 1, 8, F32, seed=3,
+                                          positions=np.full((2, 2), 7))
+    loss = lambda force: lambda *a: jnp.sum(jnp.sin(rowattention.attention(
+        *a, bias, stages=(0, 0), force_xla=force)))
+    for g, r in zip(jax.grad(loss(False), (0, 1, 2))(query, keys, values),
+                    jax.grad(loss(True), (0, 1, 2))(query, keys, values)):
+      np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+    with self.assertRaisesRegex(ValueError, 'do not match'):
+      rowattention.attention(query, keys, values, bias, stages=(0, 1))
+    with self.assertRaisesRegex(ValueError, 'needs query'):
+      rowattention.attention(query[0], keys, values, bias, stages=(0,))
+
+
 class ArgumentsTest(absltest.TestCase):
 
   def test_bad_arguments_raise(self):

@@ -1,11 +1,14 @@
 // A decode step's cache writes and attention for XLA:CPU, behind jax.ffi
-// (t5x_speed/rowattention.py): the handler t5x_speed_cached_attention, with
-// one attribute `threads` (int64, 0: one per hardware thread) and `stages`
-// (int64 array: each slot's stage). The arithmetic: row_attention.h.
+// (t5x_speed/rowattention.py): the handlers t5x_speed_cached_attention
+// (writes the step's rows, then attends) and t5x_speed_attention (attends
+// over caches it does not write), with the attributes `threads` (int64, 0:
+// one per hardware thread) and `stages` (int64 array: each slot's stage).
+// The arithmetic: row_attention.h.
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ffi_threads.h"
@@ -93,6 +96,88 @@ bool SameDims(ffi::AnyBuffer::Dimensions a, ffi::AnyBuffer::Dimensions b) {
   return true;
 }
 
+// Sizes of an attention call, from its query [..., B, S, H, D], caches
+// [..., R, B, H, L, D] and bias [..., B, S, H, L].
+struct Dims {
+  int64_t V = 1, R = 0, Bn = 0, S = 0, H = 0, L = 0, D = 0;
+};
+
+// Checks the operands both handlers share and fills `dims`.
+ffi::Error CheckAttention(const char* name, const ffi::AnyBuffer& query,
+                          const ffi::AnyBuffer& keys,
+                          const ffi::AnyBuffer& values,
+                          const ffi::AnyBuffer& bias,
+                          const ffi::AnyBuffer& out,
+                          ffi::Span<const int64_t> stages, int64_t threads,
+                          Dims& dims) {
+  const std::string prefix = std::string(name) + ": ";
+  const auto qd = query.dimensions(), kd = keys.dimensions(),
+             bd = bias.dimensions();
+  const int64_t rank = static_cast<int64_t>(qd.size());
+  if (rank < 4 || static_cast<int64_t>(kd.size()) != rank + 1 ||
+      static_cast<int64_t>(bd.size()) != rank) {
+    return ffi::Error::InvalidArgument(prefix + "operand ranks");
+  }
+  const int64_t lead = rank - 4;
+  for (int64_t i = 0; i < lead; ++i) {
+    if (kd[i] != qd[i] || bd[i] != qd[i]) {
+      return ffi::Error::InvalidArgument(prefix +
+                                         "leading axes must be equal");
+    }
+    dims.V *= qd[i];
+  }
+  dims.Bn = qd[lead], dims.S = qd[lead + 1], dims.H = qd[lead + 2],
+  dims.D = qd[lead + 3], dims.R = kd[lead], dims.L = kd[lead + 3];
+  if (!SameDims(values.dimensions(), kd) || !SameDims(out.dimensions(), qd) ||
+      kd[lead + 1] != dims.Bn || kd[lead + 2] != dims.H ||
+      kd[lead + 4] != dims.D || bd[lead] != dims.Bn ||
+      bd[lead + 1] != dims.S || bd[lead + 2] != dims.H ||
+      bd[lead + 3] != dims.L ||
+      static_cast<int64_t>(stages.size()) != dims.S) {
+    return ffi::Error::InvalidArgument(prefix + "shape mismatch");
+  }
+  for (int64_t s = 0; s < dims.S; ++s) {
+    if (stages[s] < 0 || stages[s] >= dims.R) {
+      return ffi::Error::InvalidArgument(prefix + "bad stage");
+    }
+  }
+  if (threads < 0) return ffi::Error::InvalidArgument(prefix + "threads >= 0");
+  const ffi::DataType cache_type = keys.element_type();
+  if (!IsFloat(query.element_type()) || !IsFloat(cache_type) ||
+      !IsFloat(bias.element_type()) || values.element_type() != cache_type ||
+      out.element_type() != query.element_type()) {
+    return ffi::Error::InvalidArgument(
+        prefix + "float32 or bfloat16 operands, the caches of one dtype, out "
+                 "of the query's");
+  }
+  return ffi::Error::Success();
+}
+
+// Every row's attention over its stage's cache, for the operands' dtypes.
+ffi::Error AttendAll(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
+                     const ffi::AnyBuffer& keys, const ffi::AnyBuffer& values,
+                     const ffi::AnyBuffer& bias, ffi::AnyBuffer& out,
+                     const int64_t* st, const Dims& d, int64_t threads) {
+  if (d.V * d.Bn * d.S * d.H == 0 || d.D == 0) return ffi::Error::Success();
+  if (d.L == 0) return ffi::Error::InvalidArgument("attention: empty cache");
+  const int n = NumThreads(threads);
+  const bool q32 = query.element_type() == ffi::DataType::F32;
+  const bool c32 = keys.element_type() == ffi::DataType::F32;
+  const bool b32 = bias.element_type() == ffi::DataType::F32;
+#define T5X_SPEED_ATTEND(Q, C, B)                                          \
+  return Attend<Q, C, B>(pool, query, keys, values, bias, out, st, d.V, d.R, \
+                         d.Bn, d.S, d.H, d.L, d.D, n)
+  if (q32 && c32 && b32) T5X_SPEED_ATTEND(float, float, float);
+  if (q32 && c32) T5X_SPEED_ATTEND(float, float, uint16_t);
+  if (q32 && b32) T5X_SPEED_ATTEND(float, uint16_t, float);
+  if (q32) T5X_SPEED_ATTEND(float, uint16_t, uint16_t);
+  if (c32 && b32) T5X_SPEED_ATTEND(uint16_t, float, float);
+  if (c32) T5X_SPEED_ATTEND(uint16_t, float, uint16_t);
+  if (b32) T5X_SPEED_ATTEND(uint16_t, uint16_t, float);
+  T5X_SPEED_ATTEND(uint16_t, uint16_t, uint16_t);
+#undef T5X_SPEED_ATTEND
+}
+
 ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
                            ffi::AnyBuffer keys, ffi::AnyBuffer values,
                            ffi::AnyBuffer bias, ffi::AnyBuffer new_keys,
@@ -101,57 +186,29 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
                            ffi::Result<ffi::AnyBuffer> keys_out,
                            ffi::Result<ffi::AnyBuffer> values_out,
                            ffi::Span<const int64_t> stages, int64_t threads) {
+  Dims d;
+  ffi::Error error = CheckAttention("cached_attention", query, keys, values,
+                                    bias, *out, stages, threads, d);
+  if (error.failure()) return error;
   const auto qd = query.dimensions(), kd = keys.dimensions(),
-             bd = bias.dimensions(), pd = positions.dimensions();
-  const int64_t rank = static_cast<int64_t>(qd.size());
-  if (rank < 4 || static_cast<int64_t>(kd.size()) != rank + 1 ||
-      static_cast<int64_t>(bd.size()) != rank ||
-      static_cast<int64_t>(pd.size()) != rank - 2) {
-    return ffi::Error::InvalidArgument("cached_attention: operand ranks");
+             pd = positions.dimensions();
+  bool positions_ok = pd.size() + 2 == qd.size();
+  for (size_t i = 0; positions_ok && i < pd.size(); ++i) {
+    positions_ok = pd[i] == qd[i];
   }
-  const int64_t lead = rank - 4;
-  int64_t V = 1;
-  for (int64_t i = 0; i < lead; ++i) {
-    if (kd[i] != qd[i] || bd[i] != qd[i] || pd[i] != qd[i]) {
-      return ffi::Error::InvalidArgument(
-          "cached_attention: leading axes must be equal");
-    }
-    V *= qd[i];
-  }
-  const int64_t Bn = qd[lead], S = qd[lead + 1], H = qd[lead + 2],
-                D = qd[lead + 3], R = kd[lead], L = kd[lead + 3];
-  if (!SameDims(values.dimensions(), kd) ||
-      !SameDims(keys_out->dimensions(), kd) ||
+  const ffi::DataType cache_type = keys.element_type();
+  if (!positions_ok || !SameDims(keys_out->dimensions(), kd) ||
       !SameDims(values_out->dimensions(), kd) ||
       !SameDims(new_keys.dimensions(), qd) ||
       !SameDims(new_values.dimensions(), qd) ||
-      !SameDims(out->dimensions(), qd) || kd[lead + 1] != Bn ||
-      kd[lead + 2] != H || kd[lead + 4] != D || bd[lead] != Bn ||
-      bd[lead + 1] != S || bd[lead + 2] != H || bd[lead + 3] != L ||
-      pd[lead] != Bn || pd[lead + 1] != S ||
-      static_cast<int64_t>(stages.size()) != S) {
-    return ffi::Error::InvalidArgument("cached_attention: shape mismatch");
-  }
-  for (int64_t s = 0; s < S; ++s) {
-    if (stages[s] < 0 || stages[s] >= R) {
-      return ffi::Error::InvalidArgument("cached_attention: bad stage");
-    }
-  }
-  if (threads < 0) {
-    return ffi::Error::InvalidArgument("cached_attention: threads >= 0");
-  }
-  const ffi::DataType cache_type = keys.element_type();
-  if (!IsFloat(query.element_type()) || !IsFloat(cache_type) ||
-      !IsFloat(bias.element_type()) || values.element_type() != cache_type ||
       new_keys.element_type() != cache_type ||
       new_values.element_type() != cache_type ||
       keys_out->element_type() != cache_type ||
       values_out->element_type() != cache_type ||
-      out->element_type() != query.element_type() ||
       positions.element_type() != ffi::DataType::S32) {
     return ffi::Error::InvalidArgument(
-        "cached_attention: float32 or bfloat16 operands, the caches and new "
-        "rows of one dtype, out of the query's, int32 positions");
+        "cached_attention: new rows [..., B, S, H, D] of the caches' dtype, "
+        "int32 positions [..., B, S]");
   }
   // Not aliased (XLA could not reuse the input buffers): start from a copy.
   const int64_t bytes = cache_type == ffi::DataType::F32 ? 4 : 2;
@@ -163,32 +220,32 @@ ffi::Error CachedAttention(ffi::ThreadPool pool, ffi::AnyBuffer query,
     std::memcpy(values_out->untyped_data(), values.untyped_data(),
                 cache_bytes);
   }
-  if (V * Bn * S * H == 0 || D == 0) return ffi::Error::Success();
-  if (L == 0) {
+  if (d.V * d.Bn * d.S * d.H == 0 || d.D == 0) return ffi::Error::Success();
+  if (d.L == 0) {
     return ffi::Error::InvalidArgument("cached_attention: empty cache");
   }
   const int32_t* pos = static_cast<const int32_t*>(positions.untyped_data());
-  WriteRows(new_keys, pos, stages.begin(), *keys_out, V, R, Bn, S, H, L, D,
-            bytes);
-  WriteRows(new_values, pos, stages.begin(), *values_out, V, R, Bn, S, H, L,
-            D, bytes);
-  const int n = NumThreads(threads);
-  const bool q32 = query.element_type() == ffi::DataType::F32;
-  const bool c32 = keys.element_type() == ffi::DataType::F32;
-  const bool b32 = bias.element_type() == ffi::DataType::F32;
-  const int64_t* st = stages.begin();
-#define T5X_SPEED_ATTEND(Q, C, B)                                         \
-  return Attend<Q, C, B>(pool, query, *keys_out, *values_out, bias, *out, \
-                         st, V, R, Bn, S, H, L, D, n)
-  if (q32 && c32 && b32) T5X_SPEED_ATTEND(float, float, float);
-  if (q32 && c32) T5X_SPEED_ATTEND(float, float, uint16_t);
-  if (q32 && b32) T5X_SPEED_ATTEND(float, uint16_t, float);
-  if (q32) T5X_SPEED_ATTEND(float, uint16_t, uint16_t);
-  if (c32 && b32) T5X_SPEED_ATTEND(uint16_t, float, float);
-  if (c32) T5X_SPEED_ATTEND(uint16_t, float, uint16_t);
-  if (b32) T5X_SPEED_ATTEND(uint16_t, uint16_t, float);
-  T5X_SPEED_ATTEND(uint16_t, uint16_t, uint16_t);
-#undef T5X_SPEED_ATTEND
+  WriteRows(new_keys, pos, stages.begin(), *keys_out, d.V, d.R, d.Bn, d.S,
+            d.H, d.L, d.D, bytes);
+  WriteRows(new_values, pos, stages.begin(), *values_out, d.V, d.R, d.Bn, d.S,
+            d.H, d.L, d.D, bytes);
+  return AttendAll(pool, query, *keys_out, *values_out, bias, *out,
+                   stages.begin(), d, threads);
+}
+
+// Attention alone over caches that the step does not write (an
+// encoder-decoder's cross-attention keys and values): the same operands
+// without the new rows, positions and cache results.
+ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer query,
+                     ffi::AnyBuffer keys, ffi::AnyBuffer values,
+                     ffi::AnyBuffer bias, ffi::Result<ffi::AnyBuffer> out,
+                     ffi::Span<const int64_t> stages, int64_t threads) {
+  Dims d;
+  ffi::Error error = CheckAttention("attention", query, keys, values, bias,
+                                    *out, stages, threads, d);
+  if (error.failure()) return error;
+  return AttendAll(pool, query, keys, values, bias, *out, stages.begin(), d,
+                   threads);
 }
 
 }  // namespace
@@ -205,6 +262,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedCachedAttention, CachedAttention,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("stages")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedAttention, Attention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<ffi::Span<const int64_t>>("stages")
                                   .Attr<int64_t>("threads"));
