@@ -25,11 +25,12 @@ traced:
   GEMV per row when the weights fit in the last-level cache: they are read
   from memory once and from cache after, instead of packed for a GEMM.
 
-* A decode step's cache writes and attention (`layers.cached_attention`):
-  where the step's weight matmuls use the kernel, one call of
-  `t5x_speed.rowattention` (same library) writes the caches in place and
-  attends row by row, so that SPEED's attention is bit-identical to
-  greedy's too; elsewhere `layers.write_cache` and XLA's ops.
+* A decode step's cache writes and attention (`layers.cached_attention`,
+  and `layers.attention` over an encoder's keys and values): where the
+  step's weight matmuls use the kernel, one call of `t5x_speed.rowattention`
+  (same library) writes the caches in place and attends row by row, so that
+  SPEED's attention is bit-identical to greedy's too; elsewhere
+  `layers.write_cache` and XLA's ops.
 
 * Gathers and scatters of 16-bit floats (`layers.Embed`, `layers.write_cache`)
   move the bits as uint16 in every pass: they only move values, and XLA:CPU
@@ -254,6 +255,14 @@ def kernel_attention(query: Array, keys: Array, values: Array, bias: Array,
   return rowattention.cached_attention(
       query, keys, values, bias, new_keys, new_values, positions,
       stages=stages, threads=numerics.kernel_threads)
+
+
+def kernel_attend(query: Array, keys: Array, values: Array, bias: Array,
+                  stages: Sequence[int]) -> Array:
+  """`rowattention.attention` with the step's kernel threads."""
+  numerics = decode_numerics() or DecodeNumerics()
+  return rowattention.attention(query, keys, values, bias, stages=stages,
+                                threads=numerics.kernel_threads)
 
 
 def move_values(move: Callable[..., Array], values: Sequence[Array],

@@ -1,4 +1,4 @@
-"""Architecture hyperparameters of a parameter-shared decoder-only Transformer.
+"""Architecture hyperparameters of a parameter-shared Transformer.
 
 One frozen dataclass holds every architecture choice; gin binds it once
 (`gin/architectures/*.gin`) and every module reads it.
@@ -34,10 +34,13 @@ class SharingOrder(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Hyperparameters of a decoder of G unique layers repeated R times.
+  """Hyperparameters of a decoder of G unique layers repeated R times, and
+  of the encoder of an encoder-decoder model.
 
   Defaults reproduce T5X's decoder-only Base (t5x/examples/decoder_only,
-  models/base.gin) as a 4x3 cyclic-shared model.
+  models/base.gin) as a 4x3 cyclic-shared model. With `num_encoder_layers`
+  > 0 the decoder's layers also attend to an encoder's output, as T5 1.1's
+  (t5x/examples/t5/network.py): `encoder_decoder.SpeedEncoderDecoder`.
 
   Attributes:
     vocab_size: vocabulary size (32128 = T5's 32100 rounded up to 128).
@@ -66,6 +69,10 @@ class TransformerConfig:
       See `t5x_speed.backend`.
     kernel_threads: threads one kernel call uses, 0 for one per core. It
       does not change the results.
+    num_encoder_layers: unique layers of the encoder; 0 (the default) for a
+      decoder-only model.
+    num_encoder_repeats: how many times the encoder applies its unique
+      layers, cyclically (1: an unshared encoder, as T5's).
   """
 
   vocab_size: int = 32128
@@ -84,6 +91,8 @@ class TransformerConfig:
   relpos_max_distance: int = 128
   decode_matmul: str = 'auto'
   kernel_threads: int = 0
+  num_encoder_layers: int = 0
+  num_encoder_repeats: int = 1
 
   def __post_init__(self):
     def positive(name):
@@ -94,8 +103,13 @@ class TransformerConfig:
 
     for name in ('vocab_size', 'emb_dim', 'num_heads', 'mlp_dim',
                  'num_unique_layers', 'num_repeats', 'relpos_num_buckets',
-                 'relpos_max_distance'):
+                 'relpos_max_distance', 'num_encoder_repeats'):
       positive(name)
+    if (not isinstance(self.num_encoder_layers, int) or
+        isinstance(self.num_encoder_layers, bool) or
+        self.num_encoder_layers < 0):
+      raise ValueError('TransformerConfig.num_encoder_layers must be an '
+                       f'integer >= 0, got {self.num_encoder_layers!r}.')
     if self.head_dim is None:
       if self.emb_dim % self.num_heads:
         raise ValueError(
@@ -132,6 +146,11 @@ class TransformerConfig:
     """The numerics of a decode step of this model."""
     return backend.DecodeNumerics(matmul=self.decode_matmul,
                                   kernel_threads=self.kernel_threads)
+
+  @property
+  def is_encoder_decoder(self) -> bool:
+    """Whether the decoder attends to an encoder (`num_encoder_layers` > 0)."""
+    return self.num_encoder_layers > 0
 
   @property
   def num_layers(self) -> int:

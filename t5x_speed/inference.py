@@ -1,4 +1,5 @@
-"""Decoding a `SpeedTransformer` without T5X: `generate` from prompts.
+"""Decoding without T5X: `generate` from prompts (and, for an
+encoder-decoder model, from encoder inputs).
 
 The step functions and decode-fn arguments come from `steps.BoundSteps`, as
 in the T5X model (models.py); this module serves the tests, the demo and
@@ -102,19 +103,22 @@ def build_inputs(prompts: Array, prompt_lengths: Array,
 
 
 def prepare(bound: steps.BoundSteps, prompts: Array, prompt_lengths: Array,
-            max_decode_steps: int,
-            bidirectional: bool = False) -> Tuple[Array, network.KVCache]:
+            max_decode_steps: int, bidirectional: bool = False,
+            encoder_input_tokens: Optional[Array] = None
+            ) -> Tuple[Array, network.KVCache]:
   """T5X-style decode inputs [batch, 1 + P + steps] and their prefilled cache.
 
   Only BOS + prompt are cached (or attended bidirectionally), so only that
-  span goes through the prefill.
+  span goes through the prefill; an encoder-decoder model's
+  `encoder_input_tokens` are encoded there.
   """
   inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
   span = inputs[:, :prompts.shape[1] + 1]
   causal = (steps.prefix_attention(prompt_lengths, span.shape[1])
             if bidirectional else None)
   cache = bound.prefill(span, prompt_lengths, causal,
-                        cache_length=inputs.shape[1])
+                        cache_length=inputs.shape[1],
+                        encoder_input_tokens=encoder_input_tokens)
   return inputs, cache
 
 
@@ -132,12 +136,12 @@ def produced_tokens(decodes: Array, prompt_lengths: Array,
     'max_speculative_rows'),
                    compiler_options=COMPILER_OPTIONS)
 def _generate(module, params, prompts, prompt_lengths, temperature, topp,
-              rng, *, max_decode_steps, method, eos_id, bidirectional,
-              record_schedule, speculative_vocab_size, topk,
+              rng, encoder_input_tokens, *, max_decode_steps, method, eos_id,
+              bidirectional, record_schedule, speculative_vocab_size, topk,
               max_speculative_rows) -> Generation:
   bound = steps.BoundSteps(module, params, speculative_vocab_size)
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
-                          bidirectional)
+                          bidirectional, encoder_input_tokens)
   decode_fn = DECODE_FNS[method]
   method_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
                      topp=topp) if method in SAMPLING_METHODS else {}
@@ -152,6 +156,31 @@ def _generate(module, params, prompts, prompt_lengths, temperature, topp,
       result.scores[:, 0], result.stats, result.schedule)
 
 
+def _check_encoder_inputs(module: Any, tokens: Optional[Array]
+                          ) -> Optional[np.ndarray]:
+  """`generate`'s encoder_input_tokens on the host, checked against the
+  model: required by an encoder-decoder model, refused by a decoder-only
+  one."""
+  if module.config.is_encoder_decoder != (tokens is not None):
+    raise ValueError(
+        'encoder_input_tokens are required by an encoder-decoder model and '
+        'meaningless for a decoder-only one; got num_encoder_layers='
+        f'{module.config.num_encoder_layers} and encoder_input_tokens '
+        f'{"None" if tokens is None else "given"}.')
+  if tokens is None:
+    return None
+  if isinstance(tokens, jax.core.Tracer):
+    raise ValueError('generate checks encoder_input_tokens on the host: call '
+                     'it with a concrete array, outside jax.jit.')
+  tokens = _host_array('encoder_input_tokens', tokens)
+  if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError('encoder_input_tokens must be [batch, enc_len] integers, '
+                     f'got shape {tokens.shape} and dtype {tokens.dtype}.')
+  decoding.check_token_range(tokens, module.config.vocab_size,
+                             name='encoder_input_tokens')
+  return tokens
+
+
 def _host_array(name: str, x: Any) -> np.ndarray:
   """`x` as a NumPy array; a ragged nested list raises naming `name`."""
   try:
@@ -163,8 +192,10 @@ def _host_array(name: str, x: Any) -> np.ndarray:
         'prompt\'s length in prompt_lengths.') from e
 
 
-def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
-             prompt_lengths: Array, *, max_decode_steps: int,
+def generate(module: Any, params: Any, prompts: Optional[Array] = None,
+             prompt_lengths: Optional[Array] = None, *,
+             encoder_input_tokens: Optional[Array] = None,
+             max_decode_steps: int,
              method: str = 'speed', eos_id: int = 1,
              bidirectional: bool = False,
              record_schedule: bool = False,
@@ -181,12 +212,17 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
   concrete arrays, not tracers).
 
   Args:
-    module: the network.
+    module: the network: a `network.SpeedTransformer` or an
+      `encoder_decoder.SpeedEncoderDecoder`.
     params: its parameters.
     prompts: [batch, P] integer token ids in [0, vocab), zeros after each
-      prompt (the padding is not checked).
+      prompt (the padding is not checked); the decoder's, for an
+      encoder-decoder model, where None means none (decoding from BOS).
     prompt_lengths: [batch] integer prompt lengths in [0, P] (0 decodes from
-      BOS alone).
+      BOS alone); None with `prompts` None.
+    encoder_input_tokens: an encoder-decoder model's inputs, [batch,
+      enc_len] integer ids in [0, vocab), 0 for padding; None for a
+      decoder-only model.
     max_decode_steps: tokens to produce at most per example, an integer >= 1.
     method: 'speed', 'greedy', 'speed_sample' (exact SPEED sampling) or
       'sample' (its sequential equivalent, `sampling.sample_decode`).
@@ -234,6 +270,12 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
         f'{SAMPLING_METHODS}. Sample with method=\'speed_sample\' (exact '
         'SPEED sampling) or \'sample\', or leave them unset.')
   decode_args.check_prng_key('rng', rng)
+  encoder_input_tokens = _check_encoder_inputs(module, encoder_input_tokens)
+  if prompts is None and prompt_lengths is None and (
+      encoder_input_tokens is not None):
+    batch = encoder_input_tokens.shape[0]
+    prompts = np.zeros((batch, 0), np.int32)
+    prompt_lengths = np.zeros((batch,), np.int32)
   if any(isinstance(x, jax.core.Tracer) for x in (prompts, prompt_lengths)):
     raise ValueError(
         'generate checks prompts and prompt_lengths on the host and jits '
@@ -250,6 +292,11 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
                      f'got {prompts.shape} and {prompt_lengths.shape}.')
   if prompts.shape[0] == 0:
     raise ValueError('prompts is empty (batch 0): nothing to decode.')
+  if (encoder_input_tokens is not None and
+      encoder_input_tokens.shape[0] != prompts.shape[0]):
+    raise ValueError(
+        f'encoder_input_tokens hold {encoder_input_tokens.shape[0]} '
+        f'examples and prompts {prompts.shape[0]}.')
   if prompt_lengths.min() < 0 or prompt_lengths.max() > prompts.shape[1]:
     raise ValueError(f'prompt_lengths {prompt_lengths.tolist()} must lie in '
                      f'[0, {prompts.shape[1]}] (P = prompts.shape[1]).')
@@ -275,6 +322,8 @@ def generate(module: network.SpeedTransformer, params: Any, prompts: Array,
   return _generate(module, params, jnp.asarray(prompts, jnp.int32),
                    jnp.asarray(prompt_lengths, jnp.int32), temperature[0],
                    jnp.asarray(topp, jnp.float32), rng,
+                   (None if encoder_input_tokens is None else
+                    jnp.asarray(encoder_input_tokens, jnp.int32)),
                    max_decode_steps=max_decode_steps, method=method, topk=topk,
                    eos_id=operator.index(eos_id), bidirectional=bidirectional,
                    record_schedule=record_schedule,

@@ -205,29 +205,42 @@ class Embed(nn.Module):
 
 
 def relative_position_bucket(distance: np.ndarray, num_buckets: int,
-                             max_distance: int) -> np.ndarray:
-  """T5's unidirectional bucket of `distance` = query_pos - key_pos >= 0.
+                             max_distance: int,
+                             bidirectional: bool = False) -> np.ndarray:
+  """T5's bucket of `distance` = query_pos - key_pos.
 
-  Exact for small distances, logarithmic up to `max_distance`, then one bucket.
-  Computed in NumPy float32 like T5X, so the table is bit-identical to it.
+  Unidirectional (a decoder's): distances <= 0 share bucket 0. Bidirectional
+  (an encoder's): half the buckets for keys before the query, half for keys
+  after it. Exact for small distances, logarithmic up to `max_distance`,
+  then one bucket. Computed in NumPy float32 like T5X, so the table is
+  bit-identical to it.
   """
-  n = np.maximum(np.asarray(distance, np.int32), 0)
+  n = np.asarray(distance, np.int32)
+  offset = 0
+  if bidirectional:
+    num_buckets //= 2
+    offset = (n < 0).astype(np.int32) * num_buckets
+    n = np.abs(n)
+  else:
+    n = np.maximum(n, 0)
   max_exact = num_buckets // 2
   val_if_large = max_exact + (
       np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps) /
       np.log(max_distance / max_exact) * (num_buckets - max_exact)
   ).astype(np.int32)
   val_if_large = np.minimum(val_if_large, num_buckets - 1)
-  return np.where(n < max_exact, n, val_if_large)
+  return offset + np.where(n < max_exact, n, val_if_large)
 
 
 class RelativePositionBias(nn.Module):
-  """T5 relative-position attention bias shared by all layers (as in T5X)."""
+  """T5 relative-position attention bias shared by all layers of a stack (as
+  in T5X); `bidirectional` for an encoder's (`full` only)."""
 
   num_buckets: int
   max_distance: int
   num_heads: int
   dtype: Any = jnp.float32
+  bidirectional: bool = False
 
   def setup(self):
     self.rel_embedding = param_with_axes(
@@ -245,6 +258,11 @@ class RelativePositionBias(nn.Module):
   def full(self, length: int) -> Array:
     """Bias of a whole sequence: [1, heads, q_len, k_len]."""
     pos = np.arange(length)
+    if self.bidirectional:
+      buckets = relative_position_bucket(pos[:, None] - pos[None, :],
+                                         self.num_buckets, self.max_distance,
+                                         bidirectional=True)
+      return jnp.asarray(self.rel_embedding, self.dtype)[:, buckets][None]
     distance = np.maximum(pos[:, None] - pos[None, :], 0)
     return self.by_distance(length)[:, distance][None]
 
@@ -347,3 +365,24 @@ def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
   keys = write_cache(keys, stages, positions, new_keys)
   values = write_cache(values, stages, positions, new_values)
   return rowattention.reference(query, keys, values, bias, stages), keys, values
+
+
+def attention(query: Array, keys: Array, values: Array, bias: Array) -> Array:
+  """A decode step's attention over keys and values it does not write (an
+  encoder's, for cross-attention), one query per slot.
+
+  Args:
+    query: [batch, slots, heads, head_dim].
+    keys: [1, batch, heads, length, head_dim].
+    values: like `keys`.
+    bias: [batch, slots, heads, length] additive bias (the padding mask).
+
+  Returns:
+    context [batch, slots, heads, head_dim], row by row through the kernel
+    where the step's matmuls use it (`backend.step_uses_kernel`), else by
+    XLA's ops.
+  """
+  stages = (0,) * query.shape[1]
+  if backend.step_uses_kernel():
+    return backend.kernel_attend(query, keys, values, bias, stages)
+  return rowattention.reference(query, keys, values, bias, stages)

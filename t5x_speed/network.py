@@ -29,7 +29,7 @@ Example:
   (3, 1, 4, 16)
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import flax
 from flax import linen as nn
@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import backend
+from t5x_speed import blocks
 from t5x_speed import layers
 from t5x_speed.config import SharingOrder, TransformerConfig  # pylint: disable=unused-import
 
@@ -51,13 +52,25 @@ class KVCache:
   Virtual layer v = r*G + j (repetition r, pass position j) owns entry [r] of
   `keys[j]` and `values[j]`: R*G caches in all, one per virtual layer.
 
+  An encoder-decoder model's cache also holds what its decoder attends to
+  in the encoder's output, computed once by the prefill: each unique
+  layer's keys and values and the encoder's padding.
+
   Attributes:
     keys: G arrays of shape [R, batch, heads, length, head_dim].
     values: G arrays of shape [R, batch, heads, length, head_dim].
+    cross_keys: () for a decoder-only model, else G arrays (unique layer u's
+      at [u]) of shape [1, batch, heads, enc_len, head_dim].
+    cross_values: like `cross_keys`.
+    cross_bias: None, or [1, batch, enc_len]: 0 on the encoder's tokens,
+      `layers.NEG_INF` on its padding.
   """
 
   keys: Tuple[Array, ...]
   values: Tuple[Array, ...]
+  cross_keys: Tuple[Array, ...] = ()
+  cross_values: Tuple[Array, ...] = ()
+  cross_bias: Optional[Array] = None
 
   @property
   def length(self) -> int:
@@ -88,116 +101,28 @@ def make_attention_mask(target_tokens: Array,
   return mask[:, None]
 
 
-class Attention(nn.Module):
-  """Multi-head self-attention projections (T5X names and initialisers)."""
-
-  config: TransformerConfig
-
-  def setup(self):
-    cfg = self.config
-    features = (cfg.num_heads, cfg.head_dim)
-    # T5 folds 1/sqrt(head_dim) into the query initialiser, not the logits.
-    depth_scaling = jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
-    query_init = lambda *a: layers.attention_kernel_init(*a) / depth_scaling
-    proj = lambda init: layers.Dense(features, dtype=cfg.dtype,
-                                     kernel_init=init,
-                                     kernel_axes=('embed', 'joined_kv'))
-    self.query = proj(query_init)
-    self.key = proj(layers.attention_kernel_init)
-    self.value = proj(layers.attention_kernel_init)
-    self.out = layers.Dense((cfg.emb_dim,), num_in_axes=2, dtype=cfg.dtype,
-                            kernel_init=layers.attention_kernel_init,
-                            kernel_axes=('joined_kv', 'embed'))
-
-  def qkv(self, x: Array) -> Tuple[Array, Array, Array]:
-    """[..., emb] -> three [..., heads, head_dim]."""
-    axes = ('batch', 'length', 'heads', 'kv')
-    return tuple(layers.with_sharding_constraint(y, axes) for y in
-                 layers.dense_group((self.query, self.key, self.value), x))
-
-  def __call__(self, context: Array) -> Array:
-    """[..., heads, head_dim] -> [..., emb]."""
-    return self.out(context)
-
-
-class DecoderLayer(nn.Module):
-  """Pre-norm self-attention + gated MLP block, usable on a sequence or slots."""
-
-  config: TransformerConfig
-
-  def setup(self):
-    cfg = self.config
-    self.pre_self_attention_layer_norm = layers.RMSNorm(dtype=cfg.dtype)
-    self.self_attention = Attention(cfg)
-    self.post_self_attention_dropout = nn.Dropout(
-        cfg.dropout_rate, broadcast_dims=(-2,))
-    self.pre_mlp_layer_norm = layers.RMSNorm(dtype=cfg.dtype)
-    self.mlp = layers.Mlp(cfg.mlp_dim, cfg.mlp_activations, cfg.dropout_rate,
-                          dtype=cfg.dtype)
-    self.post_mlp_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-
-  def _mlp_block(self, x: Array, deterministic: bool) -> Array:
-    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic=deterministic)
-    return x + self.post_mlp_dropout(y, deterministic=deterministic)
-
-  def __call__(self, x: Array, bias: Array,
-               deterministic: bool) -> Tuple[Array, Array, Array]:
-    """Whole-sequence pass.
-
-    Args:
-      x: [batch, length, emb].
-      bias: [batch or 1, heads or 1, length, length] additive attention bias.
-      deterministic: disables dropout.
-
-    Returns:
-      The output [batch, length, emb] and this layer's keys and values, each
-      [batch, length, heads, head_dim], for the caller to cache.
-    """
-    cfg = self.config
-    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
-    rng = None
-    if not deterministic and cfg.dropout_rate > 0:
-      rng = self.make_rng('dropout')
-    context = layers.dot_product_attention(q, k, v, bias, cfg.dropout_rate,
-                                           rng, cfg.dtype)
-    y = self.post_self_attention_dropout(self.self_attention(context),
-                                         deterministic=deterministic)
-    return self._mlp_block(x + y, deterministic), k, v
-
-  def step(self, x: Array, positions: Array, bias: Array, keys: Array,
-           values: Array, stages: Sequence[int]) -> Tuple[Array, Array, Array]:
-    """Cached pass of one token per slot (inference only).
-
-    Args:
-      x: [batch, slots, emb].
-      positions: [batch, slots] absolute positions, -1 for empty slots.
-      bias: [batch, slots, heads, length] relative bias + own-position mask.
-      keys: [R, batch, heads, length, head_dim] caches of this pass position.
-      values: like `keys`.
-      stages: static stage (repetition) of each slot.
-
-    Returns:
-      The output [batch, slots, emb] and the updated `keys` and `values`.
-    """
-    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
-    context, keys, values = layers.cached_attention(
-        q, keys, values, bias, k, v, positions, stages)
-    return self._mlp_block(x + self.self_attention(context), True), keys, values
-
-
 class Decoder(nn.Module):
-  """G unique layers applied R times, with a shared exit after each repetition."""
+  """G unique layers applied R times, with a shared exit after each repetition.
+
+  In an encoder-decoder model (`TransformerConfig.is_encoder_decoder`) every
+  layer also attends to the encoder's output, and the token embedding is the
+  parent's (`shared_embedding`), as in T5X's T5.
+  """
 
   config: TransformerConfig
+  shared_embedding: Optional[layers.Embed] = None
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim, cfg.dtype)
+    if self.shared_embedding is None:
+      self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim,
+                                         cfg.dtype)
     self.relpos_bias = layers.RelativePositionBias(
         cfg.relpos_num_buckets, cfg.relpos_max_distance, cfg.num_heads,
         cfg.dtype)
     # A list attribute names its members layers_0 .. layers_{G-1}, as T5X.
-    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_unique_layers)]
+    self.layers = [blocks.DecoderLayer(cfg)
+                   for _ in range(cfg.num_unique_layers)]
     self.decoder_norm = layers.RMSNorm(dtype=cfg.dtype)
     if not cfg.logits_via_embedding:
       self.logits_dense = layers.Dense((cfg.vocab_size,), dtype=jnp.float32,
@@ -206,13 +131,61 @@ class Decoder(nn.Module):
 
   # -- shared pieces ---------------------------------------------------------
 
-  def _layer(self, virtual_layer: int) -> DecoderLayer:
+  @property
+  def embedder(self) -> layers.Embed:
+    """The token embedding (and tied classifier): the parent's if shared."""
+    if self.shared_embedding is not None:
+      return self.shared_embedding
+    return self.token_embedder
+
+  def _layer(self, virtual_layer: int) -> blocks.DecoderLayer:
     return self.layers[self.config.layer_order[virtual_layer]]
 
   def _embed(self, tokens: Array, deterministic: bool) -> Array:
-    x = self.dropout(self.token_embedder(tokens.astype(jnp.int32)),
+    x = self.dropout(self.embedder(tokens.astype(jnp.int32)),
                      deterministic=deterministic)
     return x.astype(self.config.dtype)
+
+  def _check_encoded(self, encoded: Optional[Array], method: str) -> None:
+    if (encoded is not None) != self.config.is_encoder_decoder:
+      raise ValueError(
+          f'Decoder.{method}: `encoded` (the encoder\'s output) is required '
+          'by an encoder-decoder model (num_encoder_layers > 0) and '
+          f'meaningless otherwise; got num_encoder_layers='
+          f'{self.config.num_encoder_layers} and encoded '
+          f'{None if encoded is None else encoded.shape}.')
+
+  def _sequence_cross(self, encoded: Optional[Array],
+                      mask: Optional[Array]) -> Optional[Tuple[Any, Array]]:
+    """Each unique layer's keys and values of `encoded` [batch, enc_len,
+    emb] and the bias of `mask` [batch, 1, q_len or 1, enc_len] (nonzero:
+    attend), or None for a decoder-only model."""
+    if encoded is None:
+      return None
+    kvs = tuple(layer.cross_kv(encoded.astype(self.config.dtype))
+                for layer in self.layers)
+    bias = jnp.where(mask, 0.0, layers.NEG_INF).astype(self.config.dtype)
+    return kvs, bias
+
+  def _layer_cross(self, cross, virtual_layer: int):
+    """A virtual layer's `blocks.SequenceCross` from `_sequence_cross`."""
+    if cross is None:
+      return None
+    kvs, bias = cross
+    return (*kvs[self.config.layer_order[virtual_layer]], bias)
+
+  def _step_cross(self, cache: KVCache, unique_layer: int,
+                  slots: Optional[np.ndarray] = None):
+    """Unique layer u's `blocks.StepCross` from the cache, for every slot
+    (or the `slots` given), or None for a decoder-only model."""
+    if not cache.cross_keys:
+      return None
+    batch, enc_len = cache.cross_bias.shape[1:]
+    count = self.config.num_repeats if slots is None else len(slots)
+    bias = jnp.broadcast_to(cache.cross_bias[0][:, None, None, :],
+                            (batch, count, self.config.num_heads, enc_len))
+    return (cache.cross_keys[unique_layer], cache.cross_values[unique_layer],
+            bias)
 
   def exit_logits(self, x: Array, deterministic: bool = True,
                   vocab_limit: Optional[int] = None) -> Array:
@@ -222,7 +195,7 @@ class Decoder(nn.Module):
     """
     y = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if self.config.logits_via_embedding:
-      return self.token_embedder.attend(y, vocab_limit) / jnp.sqrt(y.shape[-1])
+      return self.embedder.attend(y, vocab_limit) / jnp.sqrt(y.shape[-1])
     logits = self.logits_dense(y)
     return logits if vocab_limit is None else logits[..., :vocab_limit]
 
@@ -244,6 +217,8 @@ class Decoder(nn.Module):
                decoder_positions: Optional[Array] = None,
                decoder_causal_attention: Optional[Array] = None,
                *,
+               encoded: Optional[Array] = None,
+               encoder_decoder_mask: Optional[Array] = None,
                enable_dropout: bool = True,
                all_exits: bool = True) -> Array:
     """Teacher-forced logits of every exit.
@@ -255,6 +230,10 @@ class Decoder(nn.Module):
       decoder_positions: unused, as in T5X (relative bias needs no positions).
       decoder_causal_attention: optional [batch, length], 1 on a prefix-LM's
         inputs, which then attend bidirectionally.
+      encoded: an encoder-decoder model's encoder output [batch, enc_len,
+        emb]; None for a decoder-only model.
+      encoder_decoder_mask: with `encoded`, [batch, 1, length, enc_len],
+        nonzero where a decoder position may attend to an encoder position.
       enable_dropout: training mode.
       all_exits: return every exit, else only the last.
 
@@ -263,8 +242,10 @@ class Decoder(nn.Module):
       [batch, length, vocab] if `all_exits` is False.
     """
     del decoder_positions
+    self._check_encoded(encoded, '__call__')
     cfg = self.config
     deterministic = not enable_dropout
+    cross = self._sequence_cross(encoded, encoder_decoder_mask)
     length = decoder_input_tokens.shape[-1]
     mask = make_attention_mask(decoder_target_tokens, decoder_causal_attention,
                                decoder_segment_ids)
@@ -274,8 +255,9 @@ class Decoder(nn.Module):
     exits = []
     for r in range(cfg.num_repeats):
       for j in range(cfg.num_unique_layers):
-        x, _, _ = self._layer(r * cfg.num_unique_layers + j)(x, bias,
-                                                             deterministic)
+        v = r * cfg.num_unique_layers + j
+        x, _, _ = self._layer(v)(x, bias, deterministic,
+                                 self._layer_cross(cross, v))
         x = layers.with_sharding_constraint(x, ('batch', 'length', 'embed'))
       if all_exits or r == cfg.num_repeats - 1:
         exits.append(self.exit_logits(x, deterministic))
@@ -285,7 +267,9 @@ class Decoder(nn.Module):
 
   def prefill(self, tokens: Array, prefill_lengths: Array,
               decoder_causal_attention: Optional[Array] = None,
-              cache_length: Optional[int] = None) -> Tuple[Array, KVCache]:
+              cache_length: Optional[int] = None,
+              encoded: Optional[Array] = None,
+              encoder_mask: Optional[Array] = None) -> Tuple[Array, KVCache]:
     """Caches positions [0, prefill_lengths) of `tokens` in every stage.
 
     Args:
@@ -294,14 +278,21 @@ class Decoder(nn.Module):
       decoder_causal_attention: optional [batch, length] prefix-LM region that
         attends bidirectionally (T5X's `inputs_bidirectional_attention`).
       cache_length: cache size, >= length; defaults to length.
+      encoded: an encoder-decoder model's encoder output [batch, enc_len,
+        emb]; its keys and values are computed here, once, and cached.
+      encoder_mask: with `encoded`, [batch, enc_len], nonzero on the
+        encoder's tokens (0 on its padding).
 
     Returns:
       Every exit's logits at position prefill_lengths - 1, [batch, R, vocab]
       (meaningless where prefill_lengths is 0), and the new `KVCache`.
     """
+    self._check_encoded(encoded, 'prefill')
     cfg = self.config
     batch, length = tokens.shape
     cache_length = cache_length or length
+    cross = (None if encoded is None else self._sequence_cross(
+        encoded, encoder_mask.astype(bool)[:, None, None, :]))
     if cache_length < length:
       raise ValueError(f'cache_length {cache_length} < tokens length {length}')
     mask = jnp.tril(jnp.ones((length, length), bool))[None]
@@ -322,12 +313,21 @@ class Decoder(nn.Module):
     exits = []
     for r in range(cfg.num_repeats):
       for j in range(cfg.num_unique_layers):
-        x, k, v = self._layer(r * cfg.num_unique_layers + j)(x, bias, True)
+        v_layer = r * cfg.num_unique_layers + j
+        x, k, v = self._layer(v_layer)(x, bias, True,
+                                       self._layer_cross(cross, v_layer))
         keys[j].append(to_cache(k))
         values[j].append(to_cache(v))
       exits.append(self.exit_logits(jnp.take_along_axis(x, last, axis=1)[:, 0]))
     cache = KVCache(keys=tuple(jnp.stack(k) for k in keys),
                     values=tuple(jnp.stack(v) for v in values))
+    if cross is not None:
+      # [batch, enc_len, heads, d] -> [1, batch, heads, enc_len, d].
+      as_cache = lambda x: jnp.swapaxes(x, 1, 2)[None]
+      cache = cache.replace(
+          cross_keys=tuple(as_cache(k) for k, _ in cross[0]),
+          cross_values=tuple(as_cache(v) for _, v in cross[0]),
+          cross_bias=cross[1][:, 0, 0][None])
     return jnp.stack(exits, axis=1), cache
 
   def decode_step(self, tokens: Array, positions: Array,
@@ -355,9 +355,12 @@ class Decoder(nn.Module):
     x = self._embed(tokens[:, None], deterministic=True)          # [b, 1, emb]
     for r in range(cfg.num_repeats):
       for j in range(cfg.num_unique_layers):
-        x, keys[j], values[j] = self._layer(r * cfg.num_unique_layers + j).step(
-            x, positions, bias, keys[j], values[j], stages=(r,))
-    return self.exit_logits(x[:, 0]), KVCache(tuple(keys), tuple(values))
+        u = cfg.layer_order[r * cfg.num_unique_layers + j]
+        x, keys[j], values[j] = self.layers[u].step(
+            x, positions, bias, keys[j], values[j], stages=(r,),
+            cross=self._step_cross(cache, u, np.arange(1)))
+    return self.exit_logits(x[:, 0]), cache.replace(keys=tuple(keys),
+                                                    values=tuple(values))
 
   def stage_groups(self, j: int) -> Dict[int, Tuple[int, ...]]:
     """Unique layer -> stages that use it at pass position j (static)."""
@@ -406,19 +409,21 @@ class Decoder(nn.Module):
     for j in range(cfg.num_unique_layers):
       groups = self.stage_groups(j)
       if len(groups) == 1:  # CYCLE: one weight load serves every stage.
-        x, keys[j], values[j] = self.layers[next(iter(groups))].step(
+        u = next(iter(groups))
+        x, keys[j], values[j] = self.layers[u].step(
             x, positions, bias, keys[j], values[j],
-            stages=tuple(range(cfg.num_repeats)))
+            stages=tuple(range(cfg.num_repeats)),
+            cross=self._step_cross(cache, u))
         continue
       y = x
       for u, stages in groups.items():
         idx = np.asarray(stages)
         out, keys[j], values[j] = self.layers[u].step(
             x[:, idx], positions[:, idx], bias[:, idx], keys[j], values[j],
-            stages=stages)
+            stages=stages, cross=self._step_cross(cache, u, idx))
         y = y.at[:, idx].set(out)
       x = y
-    cache = KVCache(tuple(keys), tuple(values))
+    cache = cache.replace(keys=tuple(keys), values=tuple(values))
     vocab = cfg.vocab_size
     if speculative_vocab_size is None or speculative_vocab_size >= vocab:
       return self.exit_logits(x), x, cache
@@ -436,6 +441,10 @@ class SpeedTransformer(nn.Module):
   config: TransformerConfig
 
   def setup(self):
+    if self.config.is_encoder_decoder:
+      raise ValueError('SpeedTransformer is decoder-only; a config with '
+                       'num_encoder_layers > 0 is an encoder_decoder.'
+                       'SpeedEncoderDecoder.')
     self.decoder = Decoder(self.config)
 
   def __call__(self, *args, **kwargs):

@@ -32,7 +32,10 @@ same arrays, unmoved, as
    'cache_index': [1, batch] next position of each example}
 
 with the batch on axis 1, the layout of a scanned T5X model's cache, so they
-run with `cache_offset=CACHE_OFFSET` (1). `t5x_tokens_to_logits` wraps a
+run with `cache_offset=CACHE_OFFSET` (1). An encoder-decoder model's cache
+adds 'cross_key' and 'cross_value' to 'layers_u' (unique layer u's) and
+'cross_bias', batch on axis 1 too, so that beam search expands and reorders
+them with the rest. `t5x_tokens_to_logits` wraps a
 full-depth step to read positions from, and advance, 'cache_index'.
 
 Example:
@@ -48,13 +51,15 @@ Example:
 """
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 
 from t5x_speed import decode_args
 from t5x_speed import decoding
+from t5x_speed import encoder_decoder
+from t5x_speed import layers
 from t5x_speed import network
 
 Array = jax.Array
@@ -68,7 +73,10 @@ CACHE_OFFSET = 1
 # T5X's partitioning rules (all in
 # `t5x.partitioning.standard_logical_axis_rules`).
 CACHE_AXES = ('layers', 'batch', 'heads', 'length', 'kv')
+# Of `KVCache.cross_bias`, [1, batch, enc_len].
+CROSS_BIAS_AXES = ('layers', 'batch', 'length')
 INDEX = 'cache_index'
+CROSS_BIAS = 'cross_bias'
 
 
 def to_t5x_cache(cache: network.KVCache, index: Array) -> Dict[str, Any]:
@@ -90,8 +98,19 @@ def to_t5x_cache(cache: network.KVCache, index: Array) -> Dict[str, Any]:
   out: Dict[str, Any] = {
       f'layers_{j}': {'cached_key': k, 'cached_value': v}
       for j, (k, v) in enumerate(zip(cache.keys, cache.values))}
+  for u, (k, v) in enumerate(zip(cache.cross_keys, cache.cross_values)):
+    out[f'layers_{u}'].update(cross_key=k, cross_value=v)
+  if cache.cross_bias is not None:
+    out[CROSS_BIAS] = cache.cross_bias
   out[INDEX] = index
   return out
+
+
+def with_cache_sharding(cache: network.KVCache) -> network.KVCache:
+  """`cache` with T5X's logical-axis sharding constraint on every leaf
+  (`CACHE_AXES`, `CROSS_BIAS_AXES`)."""
+  return jax.tree.map(lambda x: layers.with_sharding_constraint(
+      x, CACHE_AXES if x.ndim == len(CACHE_AXES) else CROSS_BIAS_AXES), cache)
 
 
 def from_t5x_cache(cache: Dict[str, Any]) -> Tuple[network.KVCache, Array]:
@@ -100,11 +119,16 @@ def from_t5x_cache(cache: Dict[str, Any]) -> Tuple[network.KVCache, Array]:
   The positions are 'cache_index' flattened, batch-major, as
   `t5x.decoding.flatten_beam_dim` flattens batch and beams.
   """
-  layers = sorted((k for k in cache if k != INDEX),
+  layers = sorted((k for k in cache if k.startswith('layers_')),
                   key=lambda name: int(name.rsplit('_', 1)[1]))
   kv = network.KVCache(
       keys=tuple(cache[name]['cached_key'] for name in layers),
-      values=tuple(cache[name]['cached_value'] for name in layers))
+      values=tuple(cache[name]['cached_value'] for name in layers),
+      cross_keys=tuple(cache[name]['cross_key'] for name in layers
+                       if 'cross_key' in cache[name]),
+      cross_values=tuple(cache[name]['cross_value'] for name in layers
+                         if 'cross_value' in cache[name]),
+      cross_bias=cache.get(CROSS_BIAS))
   return kv, jnp.reshape(cache[INDEX], (-1,))
 
 
@@ -163,7 +187,8 @@ def prefix_attention(initial_index: Array, length: int) -> Array:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class BoundSteps:
-  """A `SpeedTransformer` bound to its parameters, as decode fns call it.
+  """A `SpeedTransformer` or `encoder_decoder.SpeedEncoderDecoder` bound to
+  its parameters, as decode fns call it.
 
   Attributes:
     module: the network.
@@ -199,7 +224,8 @@ class BoundSteps:
      'num_stages', 'pipeline_step_fn', 'tokens_to_logits']
   """
 
-  module: network.SpeedTransformer
+  module: Union[network.SpeedTransformer,
+                encoder_decoder.SpeedEncoderDecoder]
   params: Any
   speculative_vocab_size: Optional[int] = None
 
@@ -215,16 +241,28 @@ class BoundSteps:
 
   def prefill(self, inputs: Array, initial_index: Array,
               causal_attention: Optional[Array] = None,
-              cache_length: Optional[int] = None) -> network.KVCache:
+              cache_length: Optional[int] = None,
+              encoder_input_tokens: Optional[Array] = None) -> network.KVCache:
     """Caches positions < initial_index of BOS-shifted `inputs` [batch, L].
 
     `causal_attention`: optional [batch, L] prefix-LM region attending
     bidirectionally (`prefix_attention`, or T5X's decoder_causal_attention).
     `cache_length` (>= L) sizes the cache, so `inputs` need only span the
-    prompts.
+    prompts. `encoder_input_tokens` [batch, enc_len]: an encoder-decoder
+    model's inputs (0: padding), encoded here once; the cache then holds
+    what the decoder attends to in them.
     """
-    return self._apply(inputs, initial_index, causal_attention, cache_length,
-                       method='prefill')[1]
+    if self.config.is_encoder_decoder != (encoder_input_tokens is not None):
+      raise ValueError(
+          'encoder_input_tokens are required by an encoder-decoder model '
+          'and meaningless for a decoder-only one; got num_encoder_layers='
+          f'{self.config.num_encoder_layers} and encoder_input_tokens '
+          f'{None if encoder_input_tokens is None else "given"}.')
+    kwargs = ({} if encoder_input_tokens is None else
+              dict(encoder_input_tokens=encoder_input_tokens))
+    return self.module.apply({'params': self.params}, inputs, initial_index,
+                             causal_attention, cache_length, method='prefill',
+                             **kwargs)[1]
 
   def decode_step(self, tokens: Array, positions: Array,
                   cache: network.KVCache) -> Tuple[Array, network.KVCache]:

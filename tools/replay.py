@@ -68,11 +68,14 @@ def init_model(config: network.TransformerConfig, seed: int = 0
 
 
 def random_params(module, seed: int):
-  """Random parameters of `module`, a `network.SpeedTransformer` or T5X's
-  decoder-only `DecoderWrapper` (`draw_params` of its shapes)."""
+  """Random parameters of `module` (`draw_params` of its shapes): a
+  `network.SpeedTransformer` or T5X's decoder-only `DecoderWrapper`, or an
+  encoder-decoder (`encoder_decoder.SpeedEncoderDecoder`, T5X's T5
+  `Transformer`), which takes encoder tokens first."""
   tokens = jnp.ones((1, 4), jnp.int32)
+  args = (tokens,) * (3 if hasattr(module, 'encode') else 2)
   shapes = jax.eval_shape(lambda: module.init(
-      jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
+      jax.random.PRNGKey(0), *args, enable_dropout=False))['params']
   return draw_params(shapes, seed, module.config.head_dim)
 
 
