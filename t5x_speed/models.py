@@ -1,11 +1,16 @@
-"""T5X model for parameter-shared decoders with exits: SpeedDecoderOnlyModel.
+"""T5X models for parameter-shared decoders with exits.
 
-A `t5x.models.DecoderOnlyModel` whose module is a `network.SpeedTransformer`:
+`SpeedDecoderOnlyModel`, a `t5x.models.DecoderOnlyModel` whose module is a
+`network.SpeedTransformer`, and `SpeedEncoderDecoderModel`, a
+`t5x.models.EncoderDecoderModel` whose module is an
+`encoder_decoder.SpeedEncoderDecoder`. Both:
 
 * `loss_fn` trains every exit with the weighted multi-exit loss (plus, if
   asked, a term training the early exits to agree with the final one) and
   logs per-exit loss, accuracy and consecutive-exit flip rate as CLU metrics;
-* `predict_batch_with_aux` prefills one cache per virtual layer and calls the
+* `predict_batch_with_aux` prefills one cache per virtual layer (an
+  encoder-decoder model encodes its inputs there, once, and caches each
+  unique decoder layer's cross-attention keys and values) and calls the
   configured decode fn: SPEED (`decoding.speed_decode`, and SPEED sampling,
   `sampling.speed_sample_decode`) gets the pipelined step (and its
   statistics land in the aux dict), `decoding.greedy_decode` and
@@ -38,7 +43,7 @@ from t5x import models as t5x_models
 
 from t5x_speed import decode_args
 from t5x_speed import decoding
-from t5x_speed import layers
+from t5x_speed import encoder_decoder
 from t5x_speed import losses
 from t5x_speed import network
 from t5x_speed import steps
@@ -47,45 +52,16 @@ Array = jax.Array
 PyTree = Any
 
 
-class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
-  """DecoderOnlyModel with shared exits, multi-exit loss and SPEED decoding.
+class _SpeedModel:
+  """What both models add to T5X's: the exits' loss and metrics, scoring,
+  the bound steps and SPEED's statistics in aux (a mixin before the T5X
+  base class)."""
 
-  Args (beyond `t5x.models.DecoderOnlyModel`'s):
-    exit_weighting: 'linear' (default), 'uniform', 'final_only' or explicit
-      per-exit weights; see `losses.exit_weights`.
-    exit_agreement: weight lambda of the agreement term: the training loss
-      is L_w + lambda * mean_i A_i over the early exits i < R (see
-      `losses.exit_agreement`); 0 (the default) is the paper's loss.
-    exit_agreement_target: 'distribution' (A_i = KL from the final exit's
-      distribution) or 'argmax' (cross-entropy to the final exit's token).
-    score_all_exits: `score_batch` returns [batch, R] scores of every exit
-      instead of the final exit's [batch].
-    speculative_vocab_size: SPEED's speculative exits score only this many
-      first token ids; committed tokens are unaffected (see
-      `network.Decoder.speed_step`). None scores the whole vocabulary;
-      otherwise an integer >= 1.
-  """
-
-  def __init__(self,
-               module: network.SpeedTransformer,
-               vocabulary,
-               optimizer_def,
-               decode_fn: Callable[..., Any] = decoding.speed_decode,
-               inputs_bidirectional_attention: bool = False,
-               feature_converter_cls=None,
-               label_smoothing: float = 0.0,
-               z_loss: float = 0.0,
-               loss_normalizing_factor=None,
-               exit_weighting: losses.ExitWeighting = 'linear',
-               exit_agreement: float = 0.0,
-               exit_agreement_target: str = 'distribution',
-               score_all_exits: bool = False,
-               speculative_vocab_size: Optional[int] = None):
-    if not isinstance(getattr(module, 'config', None),
-                      network.TransformerConfig):
-      raise ValueError('SpeedDecoderOnlyModel needs a network.SpeedTransformer '
-                       f'module, got {type(module).__name__}.')
-    # Fail at construction, not at the first training step.
+  def _init_exits(self, module, exit_weighting, exit_agreement,
+                  exit_agreement_target, score_all_exits,
+                  speculative_vocab_size):
+    """Checks and keeps the exits' options (at construction, not at the
+    first training step)."""
     losses.exit_weights(exit_weighting, module.config.num_repeats)
     self._exit_weighting = exit_weighting
     self._exit_agreement = losses.check_exit_agreement(exit_agreement,
@@ -94,33 +70,10 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     self._score_all_exits = score_all_exits
     self._speculative_vocab_size = decode_args.check_speculative_vocab_size(
         speculative_vocab_size)
-    super().__init__(
-        module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
-        decode_fn=decode_fn,
-        inputs_bidirectional_attention=inputs_bidirectional_attention,
-        feature_converter_cls=feature_converter_cls,
-        label_smoothing=label_smoothing, z_loss=z_loss,
-        loss_normalizing_factor=loss_normalizing_factor)
 
   @property
   def config(self) -> network.TransformerConfig:
     return self.module.config
-
-  def _compute_logits(self, params: PyTree, batch: Mapping[str, Array],
-                      dropout_rng: Optional[Array] = None,
-                      mutable=False, other_variables=None) -> Array:
-    """Every exit's logits: [R, batch, length, vocab]."""
-    rngs = {'dropout': dropout_rng} if dropout_rng is not None else None
-    return self.module.apply(
-        {'params': params, **(other_variables or {})},
-        batch['decoder_input_tokens'],
-        batch['decoder_target_tokens'],
-        decoder_segment_ids=batch.get('decoder_segment_ids', None),
-        decoder_positions=batch.get('decoder_positions', None),
-        decoder_causal_attention=self._get_decoder_causal_attention(batch),
-        rngs=rngs,
-        enable_dropout=rngs is not None,
-        mutable=mutable)
 
   def loss_fn(self, params: PyTree, batch: Mapping[str, Array],
               dropout_rng: Optional[Array]):
@@ -188,6 +141,88 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
       return scores, intermediates
     return scores
 
+  def _bound(self, params: PyTree) -> steps.BoundSteps:
+    return steps.BoundSteps(self.module, params, self._speculative_vocab_size)
+
+  @staticmethod
+  def _with_speed_stats(result: decoding.DecodeResult,
+                        aux: MutableMapping[str, Array]
+                        ) -> MutableMapping[str, Array]:
+    """`aux` with a pipelined decode fn's `SpeedStats` per example, as
+    aux['speed/<field>']."""
+    if result.stats is not None:
+      for field in dataclasses.fields(result.stats):
+        aux[f'speed/{field.name}'] = getattr(result.stats, field.name)
+    return aux
+
+
+class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
+  """DecoderOnlyModel with shared exits, multi-exit loss and SPEED decoding.
+
+  Args (beyond `t5x.models.DecoderOnlyModel`'s):
+    exit_weighting: 'linear' (default), 'uniform', 'final_only' or explicit
+      per-exit weights; see `losses.exit_weights`.
+    exit_agreement: weight lambda of the agreement term: the training loss
+      is L_w + lambda * mean_i A_i over the early exits i < R (see
+      `losses.exit_agreement`); 0 (the default) is the paper's loss.
+    exit_agreement_target: 'distribution' (A_i = KL from the final exit's
+      distribution) or 'argmax' (cross-entropy to the final exit's token).
+    score_all_exits: `score_batch` returns [batch, R] scores of every exit
+      instead of the final exit's [batch].
+    speculative_vocab_size: SPEED's speculative exits score only this many
+      first token ids; committed tokens are unaffected (see
+      `network.Decoder.speed_step`). None scores the whole vocabulary;
+      otherwise an integer >= 1.
+  """
+
+  def __init__(self,
+               module: network.SpeedTransformer,
+               vocabulary,
+               optimizer_def,
+               decode_fn: Callable[..., Any] = decoding.speed_decode,
+               inputs_bidirectional_attention: bool = False,
+               feature_converter_cls=None,
+               label_smoothing: float = 0.0,
+               z_loss: float = 0.0,
+               loss_normalizing_factor=None,
+               exit_weighting: losses.ExitWeighting = 'linear',
+               exit_agreement: float = 0.0,
+               exit_agreement_target: str = 'distribution',
+               score_all_exits: bool = False,
+               speculative_vocab_size: Optional[int] = None):
+    if (not isinstance(getattr(module, 'config', None),
+                       network.TransformerConfig) or
+        module.config.is_encoder_decoder):
+      raise ValueError('SpeedDecoderOnlyModel needs a network.SpeedTransformer '
+                       f'module, got {type(module).__name__}; an encoder-'
+                       'decoder model is a SpeedEncoderDecoderModel.')
+    self._init_exits(module, exit_weighting, exit_agreement,
+                     exit_agreement_target, score_all_exits,
+                     speculative_vocab_size)
+    super().__init__(
+        module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
+        decode_fn=decode_fn,
+        inputs_bidirectional_attention=inputs_bidirectional_attention,
+        feature_converter_cls=feature_converter_cls,
+        label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor)
+
+  def _compute_logits(self, params: PyTree, batch: Mapping[str, Array],
+                      dropout_rng: Optional[Array] = None,
+                      mutable=False, other_variables=None) -> Array:
+    """Every exit's logits: [R, batch, length, vocab]."""
+    rngs = {'dropout': dropout_rng} if dropout_rng is not None else None
+    return self.module.apply(
+        {'params': params, **(other_variables or {})},
+        batch['decoder_input_tokens'],
+        batch['decoder_target_tokens'],
+        decoder_segment_ids=batch.get('decoder_segment_ids', None),
+        decoder_positions=batch.get('decoder_positions', None),
+        decoder_causal_attention=self._get_decoder_causal_attention(batch),
+        rngs=rngs,
+        enable_dropout=rngs is not None,
+        mutable=mutable)
+
   def _compute_kv_cache(self, params: PyTree, inputs: Array,
                         causal_attention_mask: Array
                         ) -> Tuple[network.KVCache, Array]:
@@ -196,12 +231,8 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
     bidirectional = self._get_decoder_causal_attention(
         {'decoder_causal_attention': causal_attention_mask})
     cache = self._bound(params).prefill(inputs, inputs_lengths, bidirectional)
-    cache = jax.tree.map(
-        lambda x: layers.with_sharding_constraint(x, steps.CACHE_AXES), cache)
+    cache = steps.with_cache_sharding(cache)
     return cache, inputs_lengths
-
-  def _bound(self, params: PyTree) -> steps.BoundSteps:
-    return steps.BoundSteps(self.module, params, self._speculative_vocab_size)
 
   def predict_batch_with_aux(
       self,
@@ -255,10 +286,131 @@ class SpeedDecoderOnlyModel(t5x_models.DecoderOnlyModel):
       aux = {'scores': scores}
     else:
       decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
-    if result.stats is not None:
-      for field in dataclasses.fields(result.stats):
-        aux[f'speed/{field.name}'] = getattr(result.stats, field.name)
-    return t5x_models.remove_prefix(decodes, initial_index), aux
+    return (t5x_models.remove_prefix(decodes, initial_index),
+            self._with_speed_stats(result, aux))
+
+
+class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
+  """EncoderDecoderModel with a shared decoder, exits and SPEED decoding.
+
+  Args: those of `t5x.models.EncoderDecoderModel` (SPEED by default, not
+  beam search), plus those of `SpeedDecoderOnlyModel` beyond T5X's:
+  exit_weighting, exit_agreement, exit_agreement_target, score_all_exits and
+  speculative_vocab_size.
+  """
+
+  def __init__(self,
+               module: encoder_decoder.SpeedEncoderDecoder,
+               input_vocabulary,
+               output_vocabulary,
+               optimizer_def,
+               decode_fn: Callable[..., Any] = decoding.speed_decode,
+               feature_converter_cls=None,
+               label_smoothing: float = 0.0,
+               z_loss: float = 0.0,
+               loss_normalizing_factor=None,
+               default_decoder_params=None,
+               exit_weighting: losses.ExitWeighting = 'linear',
+               exit_agreement: float = 0.0,
+               exit_agreement_target: str = 'distribution',
+               score_all_exits: bool = False,
+               speculative_vocab_size: Optional[int] = None):
+    if not isinstance(module, encoder_decoder.SpeedEncoderDecoder):
+      raise ValueError('SpeedEncoderDecoderModel needs an encoder_decoder.'
+                       'SpeedEncoderDecoder module, got '
+                       f'{type(module).__name__}.')
+    self._init_exits(module, exit_weighting, exit_agreement,
+                     exit_agreement_target, score_all_exits,
+                     speculative_vocab_size)
+    super().__init__(
+        module=module, input_vocabulary=input_vocabulary,
+        output_vocabulary=output_vocabulary, optimizer_def=optimizer_def,
+        decode_fn=decode_fn, feature_converter_cls=feature_converter_cls,
+        label_smoothing=label_smoothing, z_loss=z_loss,
+        loss_normalizing_factor=loss_normalizing_factor,
+        default_decoder_params=default_decoder_params)
+
+  def _compute_logits(self, params: PyTree, batch: Mapping[str, Array],
+                      dropout_rng: Optional[Array] = None,
+                      mutable=False, other_variables=None) -> Array:
+    """Every exit's logits: [R, batch, length, vocab]."""
+    rngs = {'dropout': dropout_rng} if dropout_rng is not None else None
+    return self.module.apply(
+        {'params': params, **(other_variables or {})},
+        batch['encoder_input_tokens'],
+        batch['decoder_input_tokens'],
+        batch['decoder_target_tokens'],
+        encoder_segment_ids=batch.get('encoder_segment_ids', None),
+        decoder_segment_ids=batch.get('decoder_segment_ids', None),
+        encoder_positions=batch.get('encoder_positions', None),
+        decoder_positions=batch.get('decoder_positions', None),
+        rngs=rngs,
+        enable_dropout=rngs is not None,
+        mutable=mutable)
+
+  def predict_batch_with_aux(
+      self,
+      params: PyTree,
+      batch: Mapping[str, Array],
+      rng: Optional[Array] = None,
+      decoder_params: Optional[MutableMapping[str, Any]] = None,
+      return_all_decodes: Optional[bool] = None,
+      num_decodes: Optional[int] = None,
+      prompt_with_targets: bool = False,
+  ) -> Tuple[Array, Mapping[str, Array]]:
+    """Encodes once, decodes the targets; SPEED statistics go in aux.
+
+    As `t5x.models.EncoderDecoderModel.predict_batch_with_aux`: the encoder
+    runs once, in the prefill, which also computes each unique decoder
+    layer's cross-attention keys and values (and, with
+    `prompt_with_targets`, caches the decoder prompt: `decoder_input_tokens`
+    without EOS). The decode fn gets the model's steps from
+    `steps.BoundSteps.decode_fn_kwargs`, as `SpeedDecoderOnlyModel`'s does:
+    SPEED, greedy and both samplers of this package, or T5X's `beam_search`
+    and `temperature_sample` (with `num_decodes`), which expand and reorder
+    the cross-attention cache with the rest.
+    """
+    if return_all_decodes is None:
+      return_all_decodes = self._default_decoder_params.return_all_decodes
+    if num_decodes is None:
+      num_decodes = self._default_decoder_params.num_decodes
+    encoder_input_tokens = batch['encoder_input_tokens']
+    decoder_input_tokens = batch['decoder_input_tokens']
+    decoding.check_token_range(encoder_input_tokens, self.config.vocab_size,
+                               name='encoder_input_tokens')
+    if prompt_with_targets:
+      inputs = decoder_input_tokens * (
+          decoder_input_tokens != self.output_vocabulary.eos_id)
+      decoding.check_token_range(inputs, self.config.vocab_size)
+      initial_index = jnp.sum(inputs != 0, axis=1)
+      span = inputs
+    else:
+      inputs = jnp.zeros_like(decoder_input_tokens)
+      initial_index = jnp.zeros(inputs.shape[:1], jnp.int32)
+      span = inputs[:, :1]  # BOS alone: nothing to cache but the encoder's
+    bound = self._bound(params)
+    cache = bound.prefill(span, initial_index,
+                          cache_length=inputs.shape[1],
+                          encoder_input_tokens=encoder_input_tokens)
+    cache = steps.with_cache_sharding(cache)
+    decoder_params = dict(decoder_params or {})
+    if rng is not None:
+      if decoder_params.get('decode_rng') is not None:
+        raise ValueError('Got an RNG both as `rng` and as '
+                         "decoder_params['decode_rng']; pass only one.")
+      decoder_params['decode_rng'] = rng
+    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
+    result = decoding.decode(
+        self._decode_fn, num_decodes=num_decodes,
+        **bound.decode_fn_kwargs(self._decode_fn, inputs, cache,
+                                 initial_index),
+        **decoder_params)
+    decodes, scores = result.sequences, result.scores
+    if return_all_decodes:
+      aux = {'scores': scores}
+    else:
+      decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
+    return decodes, self._with_speed_stats(result, aux)
 
 
 def write_inferences_with_speed_statistics(

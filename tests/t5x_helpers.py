@@ -22,8 +22,10 @@ from t5x import adafactor
 from t5x import decoding as t5x_decoding
 from t5x import models as t5x_models
 from t5x.examples.decoder_only import network as t5x_network
+from t5x.examples.t5 import network as t5x_t5_network
 
 from t5x_speed import decoding
+from t5x_speed import encoder_decoder
 from t5x_speed import models
 from t5x_speed import network
 from tools import replay
@@ -78,6 +80,54 @@ def prefix_lm_batch(seed=0, batch=4, length=16, max_inputs=6, max_targets=7):
     fields['decoder_input_tokens'][b, 1:len(seq)] = seq[:-1]
     fields['decoder_causal_attention'][b, :n_in + 1] = 1
     fields['decoder_loss_weights'][b, n_in:len(seq)] = 1
+  return {k: jnp.asarray(v) for k, v in fields.items()}
+
+
+def speed_encdec_model(g=2, r=3, decode_fn=SPEED_PIPELINE,
+                       num_encoder_layers=2, **kwargs):
+  """A tiny SpeedEncoderDecoderModel (T5 1.1's untied classifier)."""
+  module = encoder_decoder.SpeedEncoderDecoder(network.TransformerConfig(
+      num_unique_layers=g, num_repeats=r,
+      num_encoder_layers=num_encoder_layers, logits_via_embedding=False,
+      **TINY))
+  vocab = seqio.PassThroughVocabulary(VOCAB, eos_id=1)
+  return models.SpeedEncoderDecoderModel(
+      module, vocab, vocab, adafactor.Adafactor(), decode_fn=decode_fn,
+      z_loss=1e-4, **kwargs)
+
+
+def t5x_encdec_model(num_decoder_layers=3, num_encoder_layers=2,
+                     decode_fn=T5X_GREEDY):
+  """T5X's own EncoderDecoderModel with its T5 1.1 network, same shape."""
+  module = t5x_t5_network.Transformer(t5x_t5_network.T5Config(
+      num_encoder_layers=num_encoder_layers,
+      num_decoder_layers=num_decoder_layers, dropout_rate=0.0,
+      logits_via_embedding=False, **TINY))
+  vocab = seqio.PassThroughVocabulary(VOCAB, eos_id=1)
+  return t5x_models.EncoderDecoderModel(
+      module, vocab, vocab, adafactor.Adafactor(), decode_fn=decode_fn,
+      z_loss=1e-4)
+
+
+def encdec_batch(seed=0, batch=4, inputs_length=10, targets_length=12,
+                 max_targets=None):
+  """A batch as seqio.EncDecFeatureConverter makes (no packing): random
+  inputs and targets, each ending in EOS (1), padded with 0."""
+  rng = np.random.RandomState(seed)
+  max_targets = max_targets or targets_length
+  fields = {k: np.zeros((batch, targets_length), np.int32) for k in (
+      'decoder_target_tokens', 'decoder_input_tokens',
+      'decoder_loss_weights')}
+  fields['encoder_input_tokens'] = np.zeros((batch, inputs_length), np.int32)
+  for b in range(batch):
+    n_in = rng.randint(1, inputs_length + 1)
+    n_tg = rng.randint(1, max_targets + 1)
+    fields['encoder_input_tokens'][b, :n_in] = list(
+        rng.randint(2, VOCAB, n_in - 1)) + [1]
+    seq = list(rng.randint(2, VOCAB, n_tg - 1)) + [1]
+    fields['decoder_target_tokens'][b, :n_tg] = seq
+    fields['decoder_input_tokens'][b, 1:n_tg] = seq[:-1]
+    fields['decoder_loss_weights'][b, :n_tg] = 1
   return {k: jnp.asarray(v) for k, v in fields.items()}
 
 
