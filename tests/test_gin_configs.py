@@ -104,8 +104,8 @@ class GinConfigTest(parameterized.TestCase):
       for path in re.findall(r'--gin_file=(\S+)', '\n'.join(header)):
         self.assertTrue((REPO / path).is_file(), (f, path))
 
-  @parameterized.parameters(*[f.name for f in MODEL_FILES
-                              if f.name != 'decoder_only.gin'])
+  @parameterized.parameters(*[f.name for f in MODEL_FILES if f.name not in (
+      'decoder_only.gin', 'encoder_decoder.gin')])
   def test_model_file_builds_and_runs(self, name):
     run = 'finetune_wmt_ende.gin' if 'speed' in name else 'pretrain_c4.gin'
     self._parse(GIN / 'models' / name, GIN / 'runs' / run)
@@ -116,7 +116,13 @@ class GinConfigTest(parameterized.TestCase):
                       model.config.num_repeats), (g, r))
     self.assertEqual(model.config.emb_dim, 16)
     self.assertEqual(steps.uses_pipeline(model.decode_fn), r > 1)
-    batch = th.prefix_lm_batch(seed=1, batch=2, length=12)
+    encoder_decoder = name.startswith(('t5_', 'speed_t5_'))
+    self.assertEqual(model.config.is_encoder_decoder, encoder_decoder)
+    self.assertIsInstance(model, models.SpeedEncoderDecoderModel
+                          if encoder_decoder else models.SpeedDecoderOnlyModel)
+    batch = (th.encdec_batch(seed=1, batch=2, targets_length=12)
+             if encoder_decoder else
+             th.prefix_lm_batch(seed=1, batch=2, length=12))
     params = th.init_params(model, batch)
     loss, metrics = model.loss_fn(params, batch, None)
     self.assertTrue(np.isfinite(loss))
@@ -235,19 +241,26 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(self._built('infer_script.infer.mode'),
                      'predict_with_aux')
 
-  def test_architecture_defaults_are_t5_base_bf16(self):
+  @parameterized.parameters('speed_base_2x6.gin', 'speed_t5_base_2x6.gin')
+  def test_architecture_defaults_are_t5_base_bf16(self, name):
     gin.clear_config()
     gin.add_config_file_search_path(os.path.dirname(os.path.dirname(
         t5x.__file__)))
     gin.parse_config_files_and_bindings(
-        [str(GIN / 'models' / 'speed_base_2x6.gin')],
-        ['DROPOUT_RATE = 0.1'], finalize_config=True)
+        [str(GIN / 'models' / name)], ['DROPOUT_RATE = 0.1'],
+        finalize_config=True)
     model = self._model()
     cfg = model.config
     self.assertEqual(
         (cfg.vocab_size, cfg.emb_dim, cfg.num_heads, cfg.head_dim, cfg.mlp_dim,
          cfg.num_unique_layers, cfg.num_repeats, str(cfg.dtype)),
         (32128, 768, 12, 64, 2048, 2, 6, 'bfloat16'))
+    # T5 1.1 Base's encoder-decoder: 12 unshared encoder layers and the
+    # separate classifier; the decoder-only Base ties it.
+    t5 = name.startswith('speed_t5')
+    self.assertEqual((cfg.num_encoder_layers, cfg.num_encoder_repeats,
+                      cfg.logits_via_embedding),
+                     (12, 1, False) if t5 else (0, 1, True))
     self.assertEqual(model._z_loss, 1e-4)
     self.assertEqual(model.decode_fn.__name__, 'speed_decode')
     self.assertTrue(steps.uses_pipeline(model.decode_fn))
@@ -286,6 +299,32 @@ class GinConfigTest(parameterized.TestCase):
     self.assertLen(results, 7)
     for name, decodes in results.items():
       np.testing.assert_array_equal(decodes, results['speed'], name)
+
+  def test_encoder_decoder_decodes_with_the_same_flags_and_files(self):
+    batch = th.encdec_batch(seed=2, batch=3, targets_length=12)
+    results, params = {}, None
+    choices = {  # name: (extra decoding file, bindings)
+        'speed': (None, ['decoding.speed_decode.max_speculative_rows = None']),
+        'greedy': (None, ['DECODING_FN = @decoding.greedy_decode']),
+        'beam_search': ('beam_search.gin', []),
+        'speed_sample': ('speed_sample.gin', ['NUM_SAMPLES = 2'])}
+    for name, (extra, bindings) in choices.items():
+      self._parse(GIN / 'models' / 'speed_t5_base_2x6.gin',
+                  GIN / 'runs' / 'infer.gin',
+                  *([GIN / 'decoding' / extra] if extra else []),
+                  bindings=bindings + [TASK])
+      model = self._model()
+      if params is None:
+        params = th.init_params(model, batch, seed=5)
+      decodes, aux = model.predict_batch_with_aux(
+          params, batch, jax.random.PRNGKey(1), return_all_decodes=True)
+      results[name] = np.asarray(decodes)
+      self.assertEqual('speed/num_steps' in aux,
+                       name in ('speed', 'speed_sample'), name)
+    np.testing.assert_array_equal(results['speed'], results['greedy'])
+    # The files bind num_decodes on the encoder-decoder model too.
+    self.assertEqual(results['beam_search'].shape, (3, 4, 12))
+    self.assertEqual(results['speed_sample'].shape, (3, 2, 12))
 
   def test_flags_select_beam_search_and_every_exit_scores(self):
     self._parse(GIN / 'models' / 'speed_base_2x6.gin',

@@ -2,7 +2,8 @@
 
 conftest.py gives the session two host devices. Data parallelism
 (num_partitions=1) and model parallelism (num_partitions=2) must reproduce
-the unpartitioned single-device run. Skipped when T5X is absent.
+the unpartitioned single-device run, for the decoder-only and the
+encoder-decoder model. Skipped when T5X is absent.
 """
 
 import functools
@@ -21,6 +22,7 @@ from t5x import adafactor
 from t5x import partitioning
 from t5x import trainer
 from t5x import utils
+from t5x_speed import encoder_decoder
 from t5x_speed import models
 from t5x_speed import network
 import t5x_helpers as th
@@ -38,20 +40,28 @@ class DataParallelPartitioner(partitioning.PjitPartitioner):
     return Mesh(np.array(jax.devices()).reshape(-1, 1), ('data', 'model'))
 
 
-def _even_model():
-  """A tiny 2x3 model whose sharded dimensions (vocab, heads, mlp) divide by 2."""
-  config = network.TransformerConfig(**{**th.TINY, 'vocab_size': 38},
-                                     num_unique_layers=2, num_repeats=3)
-  return models.SpeedDecoderOnlyModel(
-      network.SpeedTransformer(config), seqio.PassThroughVocabulary(38, 1),
-      adafactor.Adafactor(), inputs_bidirectional_attention=True,
-      decode_fn=th.SPEED_PIPELINE)
+def _even_model(family):
+  """A tiny 2x3 model whose sharded dimensions (vocab, heads, mlp) divide by
+  2, and a batch for it."""
+  vocab = seqio.PassThroughVocabulary(38, 1)
+  config = network.TransformerConfig(
+      **{**th.TINY, 'vocab_size': 38}, num_unique_layers=2, num_repeats=3,
+      num_encoder_layers=2 if family == 'encoder_decoder' else 0)
+  if family == 'encoder_decoder':
+    return (models.SpeedEncoderDecoderModel(
+        encoder_decoder.SpeedEncoderDecoder(config), vocab, vocab,
+        adafactor.Adafactor(), decode_fn=th.SPEED_PIPELINE),
+            th.encdec_batch(seed=9, batch=4, inputs_length=14,
+                            targets_length=16))
+  return (models.SpeedDecoderOnlyModel(
+      network.SpeedTransformer(config), vocab, adafactor.Adafactor(),
+      inputs_bidirectional_attention=True, decode_fn=th.SPEED_PIPELINE),
+          th.prefix_lm_batch(seed=9, batch=4, length=16))
 
 
-def _train_and_predict(num_partitions):
+def _train_and_predict(family, num_partitions):
   """Trains STEPS steps and predicts; None means unpartitioned jit."""
-  model = _even_model()
-  batch = th.prefix_lm_batch(seed=9, batch=4, length=16)
+  model, batch = _even_model(family)
   shapes = {k: v.shape for k, v in batch.items()}
   types = {k: v.dtype for k, v in batch.items()}
   step_fn = functools.partial(trainer.train_with_lr, model=model,
@@ -101,12 +111,16 @@ class PartitioningTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.reference = _train_and_predict(None)
+    cls.reference = {}
 
-  @parameterized.named_parameters(('data_parallel', 1), ('model_parallel', 2))
-  def test_matches_single_device(self, num_partitions):
-    params, losses, decodes, aux, shard = _train_and_predict(num_partitions)
-    ref_params, ref_losses, ref_decodes, ref_aux, _ = self.reference
+  @parameterized.product(family=('decoder_only', 'encoder_decoder'),
+                         num_partitions=(1, 2))
+  def test_matches_single_device(self, family, num_partitions):
+    if family not in self.reference:
+      self.reference[family] = _train_and_predict(family, None)
+    params, losses, decodes, aux, shard = _train_and_predict(family,
+                                                             num_partitions)
+    ref_params, ref_losses, ref_decodes, ref_aux, _ = self.reference[family]
     # Model parallelism splits the MLP's hidden dimension over 2 devices.
     self.assertEqual(shard, (32, 48 // num_partitions))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)

@@ -1,10 +1,14 @@
 """Definitions of the SPEED tasks and mixtures, and their registration.
 
-All tasks are decoder-only prefix-LM tasks: examples have `inputs` (the
-prefix: prompt and source text, or a document's beginning) and `targets`,
-both SentencePiece tokens ending in EOS, as T5 makes them. T5X feeds them to
-a decoder-only model through `seqio.DecoderFeatureConverter`, which
-concatenates the two and attends bidirectionally over `inputs`.
+Examples have `inputs` (the prompt and source text, or a document's
+beginning) and `targets`, both SentencePiece tokens ending in EOS, as T5
+makes them, so every task serves both model families: T5X feeds them to a
+decoder-only model (`SpeedDecoderOnlyModel`) through
+`seqio.DecoderFeatureConverter`, which concatenates the two as a prefix LM
+attending bidirectionally over `inputs`, and to an encoder-decoder model
+(`SpeedEncoderDecoderModel`) through `seqio.EncDecFeatureConverter`, inputs
+to the encoder and targets to the decoder; each model class names its
+converter.
 """
 
 import functools

@@ -1,0 +1,1 @@
+"""Gin settings shared by the decoder-only and encoder-decoder model files."""
