@@ -3,8 +3,10 @@
 The slice: 200 float32 cases in 2 groups (architectures), drawn from a fixed
 seed, must have no real-bug mismatch and no near-tie either (float32 near-ties
 are rare enough that one would deserve a look); 40 bfloat16 cases must have
-SPEED == greedy in every row. The runner itself must catch a broken SPEED and
-tell a near-tie from a real bug.
+SPEED == greedy in every row. Encoder-decoder models get the same: 100
+float32 cases in 2 groups (random encoders, encoder lengths and padding) and
+20 bfloat16 cases on the kernel path. The runner itself must catch a broken
+SPEED and tell a near-tie from a real bug.
 """
 
 import dataclasses
@@ -30,6 +32,12 @@ TINY = fuzz_cases.Group(g=1, r=3, sharing='cycle', vocab=17, width=32,
 SLICE = dict(cases=200, seed=0, cases_per_group=100, dtype='float32')
 BF16 = fuzz_cases.Group(g=2, r=3, sharing='cycle', vocab=97, width=96,
                         heads=2, mlp=128, batch=8, length=12, dtype='bfloat16')
+ENCDEC_SLICE = dict(cases=100, seed=0, cases_per_group=50, dtype='float32',
+                    family='encoder_decoder')
+ENCDEC_BF16 = fuzz_cases.Group(g=2, r=2, sharing='cycle', vocab=61, width=64,
+                               heads=2, mlp=96, batch=3, length=10,
+                               dtype='bfloat16', encoder_layers=2,
+                               encoder_length=9)
 
 
 class FuzzSliceTest(absltest.TestCase):
@@ -68,6 +76,28 @@ class FuzzSliceTest(absltest.TestCase):
       self.assertGreater(report.tokens_compared, 800)
     self.assertEqual(counts[False], 0)
     self.assertGreater(counts[True], 0)
+
+  def test_encoder_decoder_slice(self):
+    report = fuzz.run(**ENCDEC_SLICE, log=print)
+    print(report.summary())
+    self.assertEqual((report.cases, report.groups), (100, 2))
+    self.assertEqual(report.real_bugs, 0, report.bugs[:10])
+    self.assertEqual(report.near_ties, 0, report.ties[:10])
+    self.assertEqual(report.exact_rows, report.rows)
+    self.assertGreater(report.flushes, 0)
+    self.assertGreater(report.forward_tokens, 500)
+    groups = [g for _, g, _, _ in fuzz.plan(**ENCDEC_SLICE)]
+    self.assertTrue(all(g.encoder_layers > 0 and g.encoder_length > 0
+                        for g in groups))
+    # bfloat16 on the kernel path: SPEED's tokens are greedy's.
+    compiled = fuzz_cases.Compiled(ENCDEC_BF16)
+    self.assertTrue(compiled.bit_exact)
+    report = fuzz_check.Report('bfloat16', fuzz_check.NEAR_TIE['bfloat16'])
+    fuzz_cases.run_cases(compiled, np.random.RandomState(8), report, count=20,
+                         first='encdec bf16')
+    self.assertEqual(report.rows, 60)
+    self.assertEqual(report.speed_mismatches, 0)
+    self.assertEqual(report.real_bugs, 0, report.bugs[:10])
 
   def test_catches_a_broken_speed(self):
     real = decoding.speed_decode

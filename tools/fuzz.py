@@ -1,6 +1,7 @@
 r"""Exactness fuzz: SPEED == greedy == an uncached forward, on random models.
 
   python -m tools.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
+                       [--family decoder_only|encoder_decoder]
   # A long run in shards (machines or sessions), then their total:
   python -m tools.fuzz --cases 10000 --shard 0/4 --json s0.json ...
   python -m tools.fuzz --merge s0.json s1.json s2.json s3.json
@@ -54,7 +55,7 @@ from tools import fuzz_check
 
 
 def plan(cases: int, seed: int, cases_per_group: int, dtype: str,
-         shard: int = 0, num_shards: int = 1
+         shard: int = 0, num_shards: int = 1, family: str = 'decoder_only'
          ) -> List[Tuple[int, fuzz_cases.Group, int, np.random.RandomState]]:
   """The groups that `shard` of `num_shards` runs: (index, group, cases, rng).
 
@@ -67,7 +68,7 @@ def plan(cases: int, seed: int, cases_per_group: int, dtype: str,
   out = []
   for i in range(shard, -(-cases // cases_per_group), num_shards):
     rng = np.random.RandomState([seed, i])
-    out.append((i, fuzz_cases.draw_group(rng, dtype),
+    out.append((i, fuzz_cases.draw_group(rng, dtype, family),
                 min(cases_per_group, cases - i * cases_per_group), rng))
   return out
 
@@ -75,7 +76,8 @@ def plan(cases: int, seed: int, cases_per_group: int, dtype: str,
 def run(cases: int, seed: int = 0, dtype: str = 'float32',
         cases_per_group: int = 25, log: Optional[Callable[[str], None]] = None,
         shard: int = 0, num_shards: int = 1, excess_precision: bool = False,
-        progress: Optional[common.Progress] = None) -> fuzz_check.Report:
+        progress: Optional[common.Progress] = None,
+        family: str = 'decoder_only') -> fuzz_check.Report:
   """Runs `cases` fuzz cases (or one shard's groups); returns the `Report`.
 
   `excess_precision`: compile with XLA's default precision (see above).
@@ -92,7 +94,11 @@ def run(cases: int, seed: int = 0, dtype: str = 'float32',
     raise ValueError(f'shard must be in [0, num_shards), got {shard} of '
                      f'{num_shards}.')
   report = fuzz_check.Report(dtype=dtype, tolerance=fuzz_check.NEAR_TIE[dtype])
-  groups = plan(cases, seed, cases_per_group, dtype, shard, num_shards)
+  if family not in fuzz_cases.FAMILIES:
+    raise ValueError(f'family must be one of {fuzz_cases.FAMILIES}, got '
+                     f'{family!r}.')
+  groups = plan(cases, seed, cases_per_group, dtype, shard, num_shards,
+                family)
   if progress is None:
     progress = common.Progress('fuzz', 0, quiet=True)
   progress.total = float(sum(count for _, _, count, _ in groups))
@@ -175,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument('--dtype', default='float32',
                  choices=sorted(fuzz_check.NEAR_TIE),
                  help='activation dtype of the random models')
+  p.add_argument('--family', default='decoder_only',
+                 choices=fuzz_cases.FAMILIES,
+                 help='random decoder-only models, or encoder-decoder models '
+                 '(random encoders, encoder lengths and padded inputs)')
   p.add_argument('--cases-per-group', type=int, default=25,
                  help='cases sharing one architecture (one compile)')
   p.add_argument('--shard', type=_shard, default='0/1', metavar='K/N',
@@ -208,10 +218,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = run(args.cases, args.seed, args.dtype, args.cases_per_group,
                  shard=shard, num_shards=num_shards,
                  excess_precision=args.xla_excess_precision,
-                 progress=common.Progress('fuzz', 0, quiet=args.quiet))
+                 progress=common.Progress('fuzz', 0, quiet=args.quiet),
+                 family=args.family)
     if args.json:
       save(args.json, report, seed=args.seed, cases=args.cases,
-           dtype=args.dtype, cases_per_group=args.cases_per_group,
+           dtype=args.dtype, family=args.family,
+           cases_per_group=args.cases_per_group,
            shard=shard, num_shards=num_shards,
            xla_excess_precision=args.xla_excess_precision)
   _print(report)

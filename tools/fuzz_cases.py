@@ -4,8 +4,9 @@ Cases come in groups that share one architecture and one set of shapes
 (`Group`), so that each group compiles its functions once (`Compiled`;
 compilation, not decoding, dominates on a CPU). A group draws G in 1..4, R in
 1..8, a sharing order, vocabulary 17..1000, width 32..256, batch 1..16 and a
-buffer of 2..32 positions (`draw_group`); each of its cases draws fresh
-weights, prompts and limits (`run_cases`):
+buffer of 2..32 positions (`draw_group`); an encoder-decoder group also 1..3
+encoder layers, applied 1 or 2 times, and 1..24 encoder positions. Each case
+draws fresh weights, prompts and limits (`run_cases`):
 
 * weights: one of four `VARIANTS`, scaling the residual branches (attention
   and MLP outputs) by 4 (`disagree`: every layer moves the prediction, the
@@ -13,7 +14,8 @@ weights, prompts and limits (`run_cases`):
   exits agree for long runs) or 0 (`identical`: the exits agree everywhere);
 * prompts: ragged, lengths in [0, length - 1], with length 0 (decode from
   BOS) and the full buffer (one token left) drawn often; bidirectional
-  prefix attention per row;
+  prefix attention per row (decoder-only); encoder inputs right-padded to
+  random lengths in [1, encoder length] (encoder-decoder);
 * `max_decode_steps` and `eos_id` per row: steps in 1..length (often past the
   buffer end); EOS is, per row, a token greedy produces without EOS (so the
   row ends there), a random id, or -1 (never ends).
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import decoding
+from t5x_speed import encoder_decoder
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import rowmatmul
@@ -61,30 +64,47 @@ class Group:
   batch: int
   length: int
   dtype: str
+  encoder_layers: int = 0     # 0: a decoder-only model
+  encoder_repeats: int = 1
+  encoder_length: int = 0
 
   def config(self) -> network.TransformerConfig:
     return network.TransformerConfig(
         vocab_size=self.vocab, emb_dim=self.width, num_heads=self.heads,
         head_dim=self.width // self.heads, mlp_dim=self.mlp,
         num_unique_layers=self.g, num_repeats=self.r, sharing=self.sharing,
-        dtype=self.dtype, relpos_num_buckets=8, relpos_max_distance=32)
+        dtype=self.dtype, relpos_num_buckets=8, relpos_max_distance=32,
+        num_encoder_layers=self.encoder_layers,
+        num_encoder_repeats=self.encoder_repeats)
 
   def cases_per_call(self) -> int:
     """Cases one vmapped call decodes (bounded by `CALL_CELLS`)."""
-    per_case = self.batch * self.g * self.r * self.length * self.width
+    per_case = self.batch * self.g * (
+        self.r * self.length + self.encoder_length) * self.width
     return max(1, CALL_CELLS // per_case)
 
 
-def draw_group(rng: np.random.RandomState, dtype: str) -> Group:
+FAMILIES = ('decoder_only', 'encoder_decoder')
+
+
+def draw_group(rng: np.random.RandomState, dtype: str,
+               family: str = 'decoder_only') -> Group:
   """A random architecture and shapes (see the module docstring)."""
   width = 8 * rng.randint(4, 33)                       # 32..256
   heads = int(rng.choice([h for h in (1, 2, 4, 8) if width // h >= 8]))
-  return Group(
+  group = Group(
       g=rng.randint(1, 5), r=rng.randint(1, 9),
       sharing=str(rng.choice(['cycle', 'cycle', 'sequence', 'cycle_rev'])),
       vocab=int(np.exp(rng.uniform(np.log(17), np.log(1001)))),
       width=width, heads=heads, mlp=8 * rng.randint(width // 8, width // 4 + 1),
       batch=rng.randint(1, 17), length=rng.randint(2, 33), dtype=dtype)
+  if family == 'encoder_decoder':
+    group = dataclasses.replace(
+        group, encoder_layers=rng.randint(1, 4),
+        encoder_repeats=rng.randint(1, 3), encoder_length=rng.randint(1, 25))
+  elif family != 'decoder_only':
+    raise ValueError(f'family must be one of {FAMILIES}, got {family!r}.')
+  return group
 
 
 def draw_params(shapes, rng: np.random.Generator, gains: np.ndarray):
@@ -118,32 +138,44 @@ class Compiled:
 
   def __init__(self, group: Group, excess_precision: bool = False):
     self.group = group
-    module = network.SpeedTransformer(group.config())
+    encdec = group.encoder_layers > 0
+    module = (encoder_decoder.SpeedEncoderDecoder(group.config()) if encdec
+              else network.SpeedTransformer(group.config()))
     tokens = jnp.ones((1, 2), jnp.int32)
     shapes = jax.eval_shape(lambda: module.init(
-        jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False))['params']
+        jax.random.PRNGKey(0), *(tokens,) * (3 if encdec else 2),
+        enable_dropout=False))['params']
     length = group.length
 
     def causal(lengths, bidir):
       return ((jnp.arange(length) <= lengths[:, None]) &
               bidir[:, None]).astype(jnp.int32)
 
+    # `encoder_inputs` [batch, encoder length] feed an encoder-decoder model
+    # (a decoder-only one ignores them); its decoder attends causally.
     def decoder(name, **options):
-      def run(params, inputs, lengths, bidir, max_steps, eos):
+      def run(params, inputs, lengths, bidir, encoder_inputs, max_steps, eos):
         # Looked up when traced, so that a test can replace a decode fn.
         decode_fn = getattr(decoding, name)
         bound = steps.BoundSteps(module, params)
-        cache = bound.prefill(inputs, lengths, causal(lengths, bidir))
+        cache = (bound.prefill(inputs, lengths,
+                               encoder_input_tokens=encoder_inputs) if encdec
+                 else bound.prefill(inputs, lengths, causal(lengths, bidir)))
         return decoding.decode(
             decode_fn, eos_id=eos, max_decode_steps=max_steps, **options,
             **bound.decode_fn_kwargs(decode_fn, inputs, cache, lengths))
       return run
 
-    def forward(params, sequence, lengths, bidir):
-      logits = module.apply({'params': params}, sequence,
-                            jnp.ones_like(sequence),
-                            decoder_causal_attention=causal(lengths, bidir),
-                            enable_dropout=False, all_exits=False)
+    def forward(params, sequence, lengths, bidir, encoder_inputs):
+      if encdec:
+        logits = module.apply({'params': params}, encoder_inputs, sequence,
+                              jnp.ones_like(sequence), enable_dropout=False,
+                              all_exits=False)
+      else:
+        logits = module.apply({'params': params}, sequence,
+                              jnp.ones_like(sequence),
+                              decoder_causal_attention=causal(lengths, bidir),
+                              enable_dropout=False, all_exits=False)
       return (jnp.argmax(logits, -1).astype(jnp.int32),
               jax.lax.top_k(logits, 2)[0])
 
@@ -204,8 +236,18 @@ def run_cases(compiled: Compiled, rng: np.random.RandomState,
   inputs[..., 0] = 0
   bidir = rng.rand(count, batch) < 0.5
   max_steps = rng.randint(1, length + 1, size=(count, batch))
+  encoder_inputs = np.zeros((count, batch, max(group.encoder_length, 1)),
+                            np.int64)
+  if group.encoder_layers:
+    bidir[:] = False
+    width = group.encoder_length
+    encoder_lengths = rng.randint(1, width + 1, size=(count, batch))
+    encoder_inputs = rng.randint(1, vocab, size=(count, batch, width))
+    encoder_inputs[np.arange(width)[None, None] >=
+                   encoder_lengths[..., None]] = 0
   args = (params, jnp.asarray(inputs, jnp.int32),
-          jnp.asarray(lengths, jnp.int32), jnp.asarray(bidir))
+          jnp.asarray(lengths, jnp.int32), jnp.asarray(bidir),
+          jnp.asarray(encoder_inputs, jnp.int32))
   steps_j = jnp.asarray(max_steps, jnp.int32)
 
   # The reference: greedy without EOS.
