@@ -74,7 +74,7 @@ class FlagsTest(absltest.TestCase):
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 13)
+    self.assertLen(flags, 14)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
@@ -93,7 +93,7 @@ class FlagsTest(absltest.TestCase):
                  '--speculative_vocab', '--out', '--demo_out', '--quick',
                  '--quiet'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 13)
+    self.assertEqual(text.count('(default: '), 14)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 
@@ -184,9 +184,10 @@ class BenchRunTest(absltest.TestCase):
     # by default.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
     out = tempfile.mkdtemp()
-    tiny = lambda g, r, dtype: helpers.tiny_config(  # pylint: disable=g-long-lambda
+    tiny = lambda g, r, dtype, encoder_layers=0: helpers.tiny_config(  # pylint: disable=g-long-lambda
         num_unique_layers=g, num_repeats=r, dtype=dtype,
-        vocab_size=demo_model.VOCAB_SIZE)
+        vocab_size=demo_model.VOCAB_SIZE, num_encoder_layers=encoder_layers,
+        logits_via_embedding=not encoder_layers)
     stderr = io.StringIO()
     with mock.patch.object(replay, 'demo_schedule_source',
                            return_value=source), \
@@ -243,9 +244,10 @@ class BenchRunTest(absltest.TestCase):
     # them with neither the demo model nor its task's prompts reachable (as
     # on a machine without seqio), and takes the same steps.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
-    tiny = lambda g, r, dtype: helpers.tiny_config(  # pylint: disable=g-long-lambda
+    tiny = lambda g, r, dtype, encoder_layers=0: helpers.tiny_config(  # pylint: disable=g-long-lambda
         num_unique_layers=g, num_repeats=r, dtype=dtype,
-        vocab_size=demo_model.VOCAB_SIZE)
+        vocab_size=demo_model.VOCAB_SIZE, num_encoder_layers=encoder_layers,
+        logits_via_embedding=not encoder_layers)
     records = os.path.join(tempfile.mkdtemp(), 'records.json')
     runs = []
     for recorded in (False, True):
@@ -271,6 +273,27 @@ class BenchRunTest(absltest.TestCase):
       self.assertTrue(second['methods'][method]['replay_consistent'])
       self.assertEqual(first['methods'][method]['loop_steps'],
                        second['methods'][method]['loop_steps'])
+    # Encoder-decoder rows replay the same schedules: each prompt encoded,
+    # the decoder from BOS, the same tokens, steps and flushes.
+    out = tempfile.mkdtemp()
+    with mock.patch.object(bench_measure, 'base_config', tiny):
+      self.assertEqual(bench.main(
+          ['--quick', '--repeats', '1', '--quiet', '--records', records,
+           '--encoder_layers', '2', '--out', out]), 0)
+    with open(os.path.join(out, 'bench.json')) as f:
+      data = json.load(f)
+    (encdec,) = data['results']
+    self.assertEqual(data['meta']['encoder_layers'], 2)
+    self.assertEqual(encdec['config'], 'enc2+4x3')
+    self.assertEqual(encdec['replay'], first['replay'])
+    for method in ('greedy', 'speed'):
+      row = encdec['methods'][method]
+      self.assertTrue(row['replay_consistent'])
+      self.assertEqual(row['tokens'], first['methods'][method]['tokens'])
+    self.assertEqual(encdec['methods']['speed']['steps_per_token'],
+                     first['methods']['speed']['steps_per_token'])
+    with open(os.path.join(out, 'bench.md')) as f:
+      self.assertNotIn('Targets', f.read())
 
   def test_imports_without_seqio_or_tensorflow(self):
     # Replaying saved records is how the bench runs where seqio and

@@ -2,7 +2,7 @@
 
     python -m tools.bench [--configs 4x3,2x6] [--batch_sizes 1,4,16]
                           [--lengths short,long] [--out bench_out]
-                          [--records FILE] [--quiet]
+                          [--records FILE] [--encoder_layers 12] [--quiet]
 
 Base-width training is out of reach on a CPU, so the shared models' exits are
 a clearly labelled *replay*: a small model with the same number of stages R is
@@ -35,6 +35,12 @@ method is to the memory-bandwidth limit; the bandwidth is the faster of a
 jitted reduction and a STREAM-like copy (read + write bytes), probed before
 every timed round (a shared host's bandwidth drifts) and taken as the median,
 so the share can exceed 100% only where a method reads faster than both.
+
+--encoder_layers N times encoder-decoder models instead (T5 1.1 Base's shape,
+an N-layer encoder, the decoders as above, T5 1.1's separate classifier):
+the same recorded schedules, each prompt encoded and the decoder started
+from BOS (`replay.encoder_decoder_record`); the prefill, timed apart,
+includes the encoder.
 
 --records FILE keeps each row group's recorded schedules and prompts: a
 second run replays them without the demo models, seqio or TensorFlow, so a
@@ -107,6 +113,11 @@ def parser() -> argparse.ArgumentParser:
                  help='training steps of the demo models whose schedules are '
                  'replayed; fewer steps leave the exits less consistent '
                  '(e.g. 150 gives flip rates near the paper\'s 6-17%%).')
+  p.add_argument('--encoder_layers', type=int, default=0,
+                 help='encoder-decoder rows: T5 1.1 Base with an encoder of '
+                 'this many layers (12 is T5\'s) and the GxR decoders; the '
+                 'recorded prompts are encoded and the decoder starts from '
+                 'BOS. 0: decoder-only models.')
   p.add_argument('--xla_baseline', action='store_true',
                  help='also time greedy, speed, greedy_g and greedy_12l with '
                  'XLA\'s dot (the few-row kernel off), side by side.')
@@ -145,6 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           'dtype': args.dtype,
           'bandwidth_gb_s': bandwidth / 1e9, 'copy_gb_s': copy / 1e9,
           'kernel': (rowmatmul.isa() if on_cpu else None) or 'off (XLA dot)',
+          'encoder_layers': args.encoder_layers,
           'replay_steps': args.replay_steps}
   print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s (reduction), '
         f'{copy / 1e9:.1f} GB/s (copy, read + write). Few-row kernel: '

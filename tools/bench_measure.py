@@ -44,10 +44,15 @@ def copy_bandwidth() -> float:
   return 2 * a.nbytes / common.best_time(lambda: np.copyto(b, a))
 
 
-def base_config(g: int, r: int, dtype: str) -> network.TransformerConfig:
-  """The T5-Base-width GxR model (the tests shrink it)."""
-  return network.TransformerConfig(num_unique_layers=g, num_repeats=r,
-                                   dtype=dtype)
+def base_config(g: int, r: int, dtype: str, encoder_layers: int = 0
+                ) -> network.TransformerConfig:
+  """The T5-Base-width GxR model (the tests shrink it); with
+  `encoder_layers`, T5 1.1 Base's encoder-decoder (its separate classifier)
+  with a GxR decoder."""
+  return network.TransformerConfig(
+      num_unique_layers=g, num_repeats=r, dtype=dtype,
+      num_encoder_layers=encoder_layers,
+      logits_via_embedding=not encoder_layers)
 
 
 def method_configs(g: int, r: int, args,
@@ -58,7 +63,9 @@ def method_configs(g: int, r: int, args,
   decodes sequentially by default; speed_pipeline (and speed_short_pipeline)
   then time the pipeline itself.
   """
-  shared = base_config(g, r, args.dtype)
+  base = functools.partial(base_config, dtype=args.dtype,
+                           encoder_layers=args.encoder_layers)
+  shared = base(g, r)
   configs = {'greedy': shared, 'speed': shared}
   limit = backend.resolve_max_speculative_rows('auto')
   falls_back = limit is not None and batch * r > limit
@@ -69,8 +76,8 @@ def method_configs(g: int, r: int, args,
       configs['speed_short'] = shared
       if falls_back:
         configs['speed_short' + PIPELINE_SUFFIX] = shared
-    configs['greedy_g'] = base_config(g, 1, args.dtype)
-    configs['greedy_12l'] = base_config(12, 1, args.dtype)
+    configs['greedy_g'] = base(g, 1)
+    configs['greedy_12l'] = base(12, 1)
     try:
       import t5x.decoding  # pylint: disable=g-import-not-at-top,unused-import
       configs['t5x_sample'] = shared
@@ -119,11 +126,13 @@ class BatchRun:
 
 
 def layer_and_classifier_bytes(config) -> Dict[str, float]:
-  """Bytes of one unique layer's weights, of the classifier, and of one
-  virtual layer's key + value at one position."""
+  """Bytes of one unique decoder layer's weights read per step (with an
+  encoder, its cross-attention query and output too), of the classifier,
+  and of one virtual layer's key + value at one position."""
   e, f, h = config.emb_dim, config.mlp_dim, config.num_heads * config.head_dim
   size = jnp.dtype(config.dtype).itemsize
-  layer = size * (4 * e * h + (len(config.mlp_activations) + 1) * e * f)
+  attention = (6 if config.is_encoder_decoder else 4) * e * h
+  layer = size * (attention + (len(config.mlp_activations) + 1) * e * f)
   return {'layer': layer, 'classifier': size * config.vocab_size * e,
           'kv_per_position': size * 2 * h}
 
@@ -267,6 +276,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
             for i in range(0, PROMPTS, batch)]
     if args.records:
       replay.save_records(args.records, key, recs)
+  if args.encoder_layers:
+    recs = [replay.encoder_decoder_record(rec) for rec in recs]
   configs = method_configs(g, r, args, batch)
   runs = {}
   for method, cfg in configs.items():
@@ -289,6 +300,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
                                          progress.advance)
   bandwidth = float(np.median(probes))
   sizes = layer_and_classifier_bytes(configs['greedy'])
+  # Positions each row attends to per virtual layer: BOS, prompt and targets
+  # (decoder-only), or BOS and targets plus the encoded prompt.
   cache_length = (recs[0]['prompts'].shape[1] + 1 +
                   demo_model.LENGTHS['targets'])
   rows = {method: _method_row(method, configs[method], results, times[method],
@@ -302,7 +315,9 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
     if key.startswith('flip_rate'):
       flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
   demo_settings = demo_model.replay_settings(r, args.replay_steps)
-  return {'config': f'{g}x{r}', 'batch': batch, 'length': length,
+  label = f'enc{args.encoder_layers}+{g}x{r}' if args.encoder_layers else (
+      f'{g}x{r}')
+  return {'config': label, 'batch': batch, 'length': length,
           'dtype': args.dtype,
           'bandwidth_probes_gb_s': [p / 1e9 for p in probes],
           'replay': {'source': 'replayed exits of a demo model with '

@@ -88,9 +88,10 @@ def targets(results: List[Dict[str, Any]], meta: Dict[str, Any]
   separates them). Float32 targets from a float32 run, the bfloat16 ones
   from a bfloat16 run, the paper-flip-rate one from a --replay_steps 150
   run (its 4x3 batch-1 group); decoding alone, against the best greedy.
-  The targets are the CPU's: a run on another backend measures none."""
+  The targets are the CPU's decoder-only ones: a run on another backend or
+  of encoder-decoder models measures none."""
   out = []
-  if meta.get('backend', 'cpu') != 'cpu':
+  if meta.get('backend', 'cpu') != 'cpu' or meta.get('encoder_layers'):
     return out
   dtype = meta.get('dtype', 'float32')
   paper_flips = meta.get('replay_steps') == 150

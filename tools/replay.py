@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import decoding
+from t5x_speed import encoder_decoder
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import sampling
@@ -61,7 +62,8 @@ def init_model(config: network.TransformerConfig, seed: int = 0
   """The module and random parameters (`random_params`), stored in the
   activation dtype (bf16 weights are cast once here, as for serving, not in
   every step)."""
-  module = network.SpeedTransformer(config)
+  module = (encoder_decoder.SpeedEncoderDecoder(config)
+            if config.is_encoder_decoder else network.SpeedTransformer(config))
   params = jax.tree.map(lambda x: x.astype(config.dtype),
                         random_params(module, seed))
   return module, params
@@ -110,12 +112,10 @@ def draw_params(shapes, seed: int, head_dim: int):
   return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
-def with_xla_matmuls(module: network.SpeedTransformer
-                     ) -> network.SpeedTransformer:
+def with_xla_matmuls(module):
   """The same model (same parameters) decoding with XLA's dot instead of the
   few-row kernel: the A/B baseline."""
-  return network.SpeedTransformer(dataclasses.replace(module.config,
-                                                      decode_matmul='xla'))
+  return type(module)(dataclasses.replace(module.config, decode_matmul='xla'))
 
 
 def record(source: Tuple[network.SpeedTransformer, Any], prompts: np.ndarray,
@@ -146,6 +146,19 @@ def replay_record(out: inference.Generation, prompts: np.ndarray,
           'summary': out.stats.summary(),
           'row_tokens': np.asarray(out.stats.num_tokens),
           'tokens': int(np.asarray(out.stats.num_tokens).sum())}
+
+
+def encoder_decoder_record(rec: Dict[str, Any]) -> Dict[str, Any]:
+  """`rec` (a decoder-only schedule) as an encoder-decoder model replays it:
+  the prompts become the encoder's inputs and the decoder starts from BOS
+  (prompt length 0), so the produced tokens move to positions 1, 2, ...;
+  the recorded steps, predictions and flushes are unchanged."""
+  by_position = np.zeros_like(rec['by_position'])
+  for b, length in enumerate(rec['lengths']):
+    moved = rec['by_position'][b, int(length) + 1:]
+    by_position[b, 1:1 + len(moved)] = moved
+  return {**rec, 'lengths': np.zeros_like(rec['lengths']),
+          'by_position': by_position}
 
 
 def _forced_tokens_to_logits(tokens_to_logits, by_position):
@@ -180,14 +193,21 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
   return fn
 
 
-def replay_prefill(module: network.SpeedTransformer):
+def replay_prefill(module):
   """jit fn(params, prompts, lengths) -> (inputs, cache): the prefill that
-  every replayed method starts from (BOS + prompt, prefix attention)."""
+  every replayed method starts from (BOS + prompt, prefix attention). An
+  encoder-decoder model (`encoder_decoder_record`'s lengths, all 0) encodes
+  the prompts instead and starts its decoder from BOS."""
 
   @jax.jit
   def prefill(params, prompts, lengths):
-    return inference.prepare(steps.BoundSteps(module, params), prompts,
-                             lengths, demo_model.LENGTHS['targets'],
+    bound = steps.BoundSteps(module, params)
+    if module.config.is_encoder_decoder:
+      return inference.prepare(
+          bound, jnp.zeros((prompts.shape[0], 0), jnp.int32), lengths,
+          demo_model.LENGTHS['targets'], encoder_input_tokens=prompts)
+    return inference.prepare(bound, prompts, lengths,
+                             demo_model.LENGTHS['targets'],
                              bidirectional=True)
 
   return prefill
