@@ -43,8 +43,9 @@ T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
 # The slowest modules (T5X binaries in subprocesses, the fuzz slice, the
 # demo), started first so that with pytest-xdist (`make test`) no worker is
 # left running one of them alone at the end.
-SLOW_FIRST = ('test_t5x_binaries.py', 'test_readme_commands.py',
-              'test_fuzz.py', 'test_demo.py', 'test_t5x_model.py')
+SLOW_FIRST = ('test_t5x_binaries.py', 'test_t5x_binaries_encoder_decoder.py',
+              'test_readme_commands.py', 'test_fuzz.py', 'test_demo.py',
+              'test_t5x_model.py', 'test_t5x_encoder_decoder_model.py')
 
 
 def pytest_collection_modifyitems(items):
