@@ -16,6 +16,11 @@ Decoding uses an explicit `KVCache` holding one cache per *virtual* layer
   token reached in the previous step), all run through the G shared layers in
   one pass over B*R rows; slot s reads and writes the caches of stage s only.
 
+The same `Decoder` is the decoder of `encoder_decoder.SpeedEncoderDecoder`:
+there each layer also attends to the encoder's output, whose keys and values
+the prefill computes once and keeps in the `KVCache`, so both steps (and
+every decode fn) serve both model families.
+
 Example:
   >>> import jax, jax.numpy as jnp
   >>> cfg = TransformerConfig(vocab_size=16, emb_dim=8, num_heads=2,

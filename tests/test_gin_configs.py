@@ -209,6 +209,29 @@ class GinConfigTest(parameterized.TestCase):
         _, dataset = self._train_dataset(model)
         next(iter(dataset))
 
+  def test_paper_finetuning_runs_in_encoder_decoder_form(self):
+    # The same run files: the model class brings seqio's
+    # EncDecFeatureConverter, and the data pipeline reaches the task's source.
+    import seqio  # pylint: disable=g-import-not-at-top
+    finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune_')]
+    self.assertLen(finetune_files, 5)
+    for run_file in finetune_files:
+      self._parse(GIN / 'models' / 'speed_t5_base_4x3.gin', run_file,
+                  bindings=["INITIAL_CHECKPOINT_PATH = "
+                            "'/ckpt/t5_1_1_base/checkpoint_1000000'"])
+      model = self._model()
+      self.assertIsInstance(model, models.SpeedEncoderDecoderModel)
+      self.assertIs(model.FEATURE_CONVERTER_CLS, seqio.EncDecFeatureConverter)
+      self.assertEqual(self._built('train_script.train.total_steps'),
+                       1000000 + 262144)
+      empty = tempfile.mkdtemp()
+      with mock.patch.dict(os.environ, {
+          'TFDS_DATA_DIR': empty,
+          'T5X_SPEED_PARACRAWL_PARAGRAPH_DIR': empty}):
+        with self.assertRaises(sources.DatasetNotPreparedError, msg=run_file):
+          _, dataset = self._train_dataset(model)
+          next(iter(dataset))
+
   def test_one_flag_switches_on_exit_agreement(self):
     finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune')]
     self.assertLen(finetune_files, 6)

@@ -142,12 +142,6 @@ class SharedModelTest(parameterized.TestCase):
     np.testing.assert_allclose(scores[:, -1], model.score_batch(
         self.params, self.batch), rtol=1e-6)
 
-  def test_jitted_predict(self):
-    model = th.speed_encdec_model()
-    eager = model.predict_batch(self.params, self.batch)
-    np.testing.assert_array_equal(
-        eager, jax.jit(model.predict_batch)(self.params, self.batch))
-
   def test_bad_module(self):
     vocab = seqio.PassThroughVocabulary(th.VOCAB, eos_id=1)
     decoder_only = network.SpeedTransformer(network.TransformerConfig(
