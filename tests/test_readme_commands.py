@@ -155,9 +155,9 @@ class ReadmeCommandsTest(absltest.TestCase):
 
   def test_readme_documents_the_commands(self):
     binaries = [c.split()[2] for c in self.commands]
-    self.assertEqual(binaries.count('t5x.train'), 4, self.commands)
+    self.assertEqual(binaries.count('t5x.train'), 5, self.commands)
     self.assertEqual(binaries.count('t5x.eval'), 1, self.commands)
-    self.assertEqual(binaries.count('t5x.infer'), 4, self.commands)
+    self.assertEqual(binaries.count('t5x.infer'), 5, self.commands)
     for command in self.commands:
       for arg in shlex.split(command.replace('$PWD', str(REPO))):
         if arg.startswith('--gin_file='):
@@ -197,7 +197,7 @@ class ReadmeCommandsTest(absltest.TestCase):
   def test_paper_commands_reach_the_data_preparation_error(self):
     runs = self._started_runs()
     commands = self._paper_commands()
-    self.assertLen(commands, 7)
+    self.assertLen(commands, 9)
     expected = {  # the dataset each command's task reads
         'pretrain_c4.gin': "Dataset 'c4/en:3.1.0'",
         'finetune_wmt_ende.gin': "Dataset 'wmt_t2t_translate/de-en:1.0.0'",
