@@ -33,6 +33,16 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'],
                   ignore_errors=True)
 
+# The package built into a wheel and installed apart from the checkout
+# (`helpers.installed_package`): built once per session, under a lock, for
+# every pytest-xdist worker (two concurrent `pip wheel` runs of one source
+# tree collide in its build directory).
+if 'T5X_SPEED_TEST_PACKAGE_DIR' not in os.environ:
+  os.environ['T5X_SPEED_TEST_PACKAGE_DIR'] = tempfile.mkdtemp(
+      prefix='t5x_speed_wheel_')
+  atexit.register(shutil.rmtree, os.environ['T5X_SPEED_TEST_PACKAGE_DIR'],
+                  ignore_errors=True)
+
 REQUIRE_ALL = os.environ.get('T5X_SPEED_REQUIRE_ALL_TESTS') == '1'
 HAS_T5X = importlib.util.find_spec('t5x') is not None
 T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '

@@ -1,8 +1,10 @@
 """Tiny models shared by the tests."""
 
 import dataclasses
+import fcntl
 import functools
 import glob
+import json
 import os
 import pathlib
 import subprocess
@@ -104,11 +106,27 @@ def installed_package() -> 'InstalledPackage':
   install, itself a .pth hook there, is not run). T5X, where installed, is
   linked in beside the wheel as `pip install` would put it, so T5X's default
   gin search path is the folder that holds t5x_speed/gin. Built once per
-  process.
+  session in $T5X_SPEED_TEST_PACKAGE_DIR (conftest.py), under a file lock
+  that the pytest-xdist workers share; once per process without it.
   """
+  root = os.environ.get('T5X_SPEED_TEST_PACKAGE_DIR') or tempfile.mkdtemp(
+      prefix='t5x_speed_wheel_')
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, 'lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    record = os.path.join(root, 'package.json')
+    if not os.path.exists(record):
+      package = _build_installed_package(root)
+      with open(record, 'w') as f:
+        json.dump(dataclasses.asdict(package), f)
+    with open(record) as f:
+      return InstalledPackage(**json.load(f))
+
+
+def _build_installed_package(root: str) -> 'InstalledPackage':
+  """`installed_package`'s build, into the empty folder `root`."""
   import site  # pylint: disable=g-import-not-at-top
   import importlib.util  # pylint: disable=g-import-not-at-top
-  root = tempfile.mkdtemp(prefix='t5x_speed_wheel_')
   dist = os.path.join(root, 'dist')
   subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
                   '--no-build-isolation', '-w', dist, str(REPO)],
