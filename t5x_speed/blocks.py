@@ -19,7 +19,8 @@ from t5x_speed.config import TransformerConfig
 
 Array = jax.Array
 # Cross-attention of a whole sequence: the encoder's keys and values, each
-# [batch, enc_len, heads, head_dim], and the bias [batch, 1, length, enc_len].
+# [batch, enc_len, heads, head_dim], and the bias [batch, 1, length or 1,
+# enc_len].
 SequenceCross = Tuple[Array, Array, Array]
 # Cross-attention of a decode step: the encoder's keys and values, each
 # [1, batch, heads, enc_len, head_dim], and the bias [batch, slots, heads,
@@ -117,8 +118,8 @@ class DecoderLayer(nn.Module):
       bias: [batch or 1, heads or 1, length, length] additive attention bias.
       deterministic: disables dropout.
       cross: in an encoder-decoder model, this layer's `cross_kv` of the
-        encoder's output and the bias [batch, 1, length, enc_len] masking
-        its padding.
+        encoder's output and the bias [batch, 1, length or 1, enc_len]
+        masking its padding (`SequenceCross`).
 
     Returns:
       The output [batch, length, emb] and this layer's keys and values, each

@@ -50,9 +50,13 @@ def pair_mask(query_tokens: Array, key_tokens: Array,
               query_segments: Optional[Array] = None,
               key_segments: Optional[Array] = None) -> Array:
   """[batch, 1, q_len, k_len] mask, as T5X's `make_attention_mask` of the
-  tokens' padding (token 0) combined with equal segments where given."""
+  tokens' padding (token 0), combined with equal segments where the key
+  segments are given (T5X's rule for packed encoder-decoder examples)."""
   mask = (query_tokens > 0)[:, :, None] & (key_tokens > 0)[:, None, :]
-  if query_segments is not None:
+  if key_segments is not None:
+    if query_segments is None:
+      raise ValueError('encoder_segment_ids (packed inputs) need '
+                       'decoder_segment_ids (packed targets) too.')
     mask &= query_segments[:, :, None] == key_segments[:, None, :]
   return mask[:, None]
 

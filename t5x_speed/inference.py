@@ -271,6 +271,10 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
         'SPEED sampling) or \'sample\', or leave them unset.')
   decode_args.check_prng_key('rng', rng)
   encoder_input_tokens = _check_encoder_inputs(module, encoder_input_tokens)
+  if bidirectional and encoder_input_tokens is not None:
+    raise ValueError('bidirectional (prefix-LM prompts) is for decoder-only '
+                     'models; an encoder-decoder model\'s decoder attends '
+                     'causally.')
   if prompts is None and prompt_lengths is None and (
       encoder_input_tokens is not None):
     batch = encoder_input_tokens.shape[0]

@@ -250,7 +250,11 @@ class RelativePositionBias(nn.Module):
         axes=('heads', 'relpos_buckets'))
 
   def by_distance(self, length: int) -> Array:
-    """Bias of every distance 0..length-1: [heads, length]."""
+    """Bias of every distance 0..length-1: [heads, length] (a decoder's)."""
+    if self.bidirectional:
+      raise ValueError('RelativePositionBias.by_distance and .at are a '
+                       'decoder\'s (unidirectional) bias; a bidirectional '
+                       'one has only `full`.')
     buckets = relative_position_bucket(
         np.arange(length), self.num_buckets, self.max_distance)
     return jnp.asarray(self.rel_embedding, self.dtype)[:, buckets]

@@ -97,8 +97,9 @@ class _SpeedModel:
       loss = loss + self._exit_agreement * jnp.mean(agreement)
     segment_ids = {k[:-len('_segment_ids')]: v for k, v in batch.items()
                    if k.endswith('_segment_ids')}
-    if not segment_ids:
-      segment_ids = {'decoder_target_tokens': targets != 0}
+    if not segment_ids:  # as T5X's: padding masks of the token features
+      segment_ids = {k: v != 0 for k, v in batch.items()
+                     if k in ('encoder_input_tokens', 'decoder_target_tokens')}
     metrics = self._compute_metrics(
         logits=exit_logits[-1], targets=targets, mask=weights, loss=loss,
         z_loss=z_loss, segment_ids=segment_ids)
@@ -362,13 +363,16 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
 
     As `t5x.models.EncoderDecoderModel.predict_batch_with_aux`: the encoder
     runs once, in the prefill, which also computes each unique decoder
-    layer's cross-attention keys and values (and, with
-    `prompt_with_targets`, caches the decoder prompt: `decoder_input_tokens`
-    without EOS). The decode fn gets the model's steps from
-    `steps.BoundSteps.decode_fn_kwargs`, as `SpeedDecoderOnlyModel`'s does:
-    SPEED, greedy and both samplers of this package, or T5X's `beam_search`
-    and `temperature_sample` (with `num_decodes`), which expand and reorder
-    the cross-attention cache with the rest.
+    layer's cross-attention keys and values. The decode fn gets the model's
+    steps from `steps.BoundSteps.decode_fn_kwargs`, as
+    `SpeedDecoderOnlyModel`'s does: SPEED, greedy and both samplers of this
+    package, or T5X's `beam_search` and `temperature_sample` (with
+    `num_decodes`), which expand and reorder the cross-attention cache with
+    the rest. With `prompt_with_targets` (the decoder prompt:
+    `decoder_input_tokens` without EOS), this package's decode fns start
+    after the prompt, cached by the prefill; T5X's start from BOS and force
+    the prompt's tokens, as T5X's own model runs them (its beam search
+    stops by the shortest prompt of a batch).
     """
     if return_all_decodes is None:
       return_all_decodes = self._default_decoder_params.return_all_decodes
@@ -382,12 +386,14 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
       inputs = decoder_input_tokens * (
           decoder_input_tokens != self.output_vocabulary.eos_id)
       decoding.check_token_range(inputs, self.config.vocab_size)
-      initial_index = jnp.sum(inputs != 0, axis=1)
-      span = inputs
     else:
       inputs = jnp.zeros_like(decoder_input_tokens)
+    ours = steps.takes_kv_cache(self._decode_fn)
+    if prompt_with_targets and ours:
+      initial_index, span = jnp.sum(inputs != 0, axis=1), inputs
+    else:  # BOS alone: nothing to cache but the encoder's keys and values
       initial_index = jnp.zeros(inputs.shape[:1], jnp.int32)
-      span = inputs[:, :1]  # BOS alone: nothing to cache but the encoder's
+      span = inputs[:, :1]
     bound = self._bound(params)
     cache = bound.prefill(span, initial_index,
                           cache_length=inputs.shape[1],
@@ -400,11 +406,12 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
                          "decoder_params['decode_rng']; pass only one.")
       decoder_params['decode_rng'] = rng
     decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
-    result = decoding.decode(
-        self._decode_fn, num_decodes=num_decodes,
-        **bound.decode_fn_kwargs(self._decode_fn, inputs, cache,
-                                 initial_index),
-        **decoder_params)
+    kwargs = bound.decode_fn_kwargs(self._decode_fn, inputs, cache,
+                                    initial_index)
+    if not ours:
+      del kwargs['initial_index']  # as T5X's model calls its decode fns
+    result = decoding.decode(self._decode_fn, num_decodes=num_decodes,
+                             **kwargs, **decoder_params)
     decodes, scores = result.sequences, result.scores
     if return_all_decodes:
       aux = {'scores': scores}

@@ -179,16 +179,14 @@ class Decoder(nn.Module):
     kvs, bias = cross
     return (*kvs[self.config.layer_order[virtual_layer]], bias)
 
-  def _step_cross(self, cache: KVCache, unique_layer: int,
-                  slots: Optional[np.ndarray] = None):
-    """Unique layer u's `blocks.StepCross` from the cache, for every slot
-    (or the `slots` given), or None for a decoder-only model."""
+  def _step_cross(self, cache: KVCache, unique_layer: int, slots: int):
+    """Unique layer u's `blocks.StepCross` from the cache for a step of
+    `slots` slots, or None for a decoder-only model."""
     if not cache.cross_keys:
       return None
     batch, enc_len = cache.cross_bias.shape[1:]
-    count = self.config.num_repeats if slots is None else len(slots)
     bias = jnp.broadcast_to(cache.cross_bias[0][:, None, None, :],
-                            (batch, count, self.config.num_heads, enc_len))
+                            (batch, slots, self.config.num_heads, enc_len))
     return (cache.cross_keys[unique_layer], cache.cross_values[unique_layer],
             bias)
 
@@ -363,7 +361,7 @@ class Decoder(nn.Module):
         u = cfg.layer_order[r * cfg.num_unique_layers + j]
         x, keys[j], values[j] = self.layers[u].step(
             x, positions, bias, keys[j], values[j], stages=(r,),
-            cross=self._step_cross(cache, u, np.arange(1)))
+            cross=self._step_cross(cache, u, 1))
     return self.exit_logits(x[:, 0]), cache.replace(keys=tuple(keys),
                                                     values=tuple(values))
 
@@ -418,14 +416,14 @@ class Decoder(nn.Module):
         x, keys[j], values[j] = self.layers[u].step(
             x, positions, bias, keys[j], values[j],
             stages=tuple(range(cfg.num_repeats)),
-            cross=self._step_cross(cache, u))
+            cross=self._step_cross(cache, u, cfg.num_repeats))
         continue
       y = x
       for u, stages in groups.items():
         idx = np.asarray(stages)
         out, keys[j], values[j] = self.layers[u].step(
             x[:, idx], positions[:, idx], bias[:, idx], keys[j], values[j],
-            stages=stages, cross=self._step_cross(cache, u, idx))
+            stages=stages, cross=self._step_cross(cache, u, len(stages)))
         y = y.at[:, idx].set(out)
       x = y
     cache = cache.replace(keys=tuple(keys), values=tuple(values))

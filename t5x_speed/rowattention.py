@@ -61,11 +61,19 @@ def reference(query: Array, keys: Array, values: Array, bias: Array,
 
   Args: as `cached_attention`.
   """
-  keys, values = _read_stages(keys, stages), _read_stages(values, stages)
   query = jnp.swapaxes(query, 0, 1)                     # [s, b, h, d]
+  bias = jnp.swapaxes(bias, 0, 1)
+  if len(stages) > 1 and len(set(stages)) == 1:
+    # Every slot reads one cache (cross-attention): no copy per slot.
+    keys, values = keys[stages[0]], values[stages[0]]
+    weights = jnp.einsum('sbhd,bhld->sbhl', query, keys)
+    weights = jax.nn.softmax(weights + bias.astype(weights.dtype))
+    context = jnp.einsum('sbhl,bhld->sbhd', weights.astype(query.dtype),
+                         values)
+    return jnp.swapaxes(context, 0, 1)
+  keys, values = _read_stages(keys, stages), _read_stages(values, stages)
   weights = jnp.einsum('sbhd,sbhld->sbhl', query, keys)
-  weights = jax.nn.softmax(weights + jnp.swapaxes(bias, 0, 1).astype(
-      weights.dtype))
+  weights = jax.nn.softmax(weights + bias.astype(weights.dtype))
   context = jnp.einsum('sbhl,sbhld->sbhd', weights.astype(query.dtype), values)
   return jnp.swapaxes(context, 0, 1)
 

@@ -1,4 +1,5 @@
-"""A `SpeedTransformer`'s steps, as every decode fn takes them.
+"""A model's steps, as every decode fn takes them (decoder-only
+`network.SpeedTransformer` or `encoder_decoder.SpeedEncoderDecoder`).
 
 `BoundSteps` is the one place that turns a module and its parameters into a
 decode fn's arguments: the prefill, the full-depth step, SPEED's pipelined
@@ -89,8 +90,9 @@ def to_t5x_cache(cache: network.KVCache, index: Array) -> Dict[str, Any]:
       size is the batch: beam search adds a beam axis to it).
 
   Returns:
-    {'layers_j': {'cached_key', 'cached_value'}, 'cache_index'}; every leaf
-    holds the batch on axis `CACHE_OFFSET`.
+    {'layers_j': {'cached_key', 'cached_value'}, 'cache_index'}, plus an
+    encoder-decoder model's 'cross_key' and 'cross_value' in 'layers_u' and
+    'cross_bias'; every leaf holds the batch on axis `CACHE_OFFSET`.
   """
   index = jnp.asarray(index, jnp.int32)
   if index.ndim == 1:
@@ -98,6 +100,9 @@ def to_t5x_cache(cache: network.KVCache, index: Array) -> Dict[str, Any]:
   out: Dict[str, Any] = {
       f'layers_{j}': {'cached_key': k, 'cached_value': v}
       for j, (k, v) in enumerate(zip(cache.keys, cache.values))}
+  # Both number G: pass position j's self-attention caches and unique layer
+  # u's cross-attention ones share the key 'layers_{j or u}' (other layers
+  # under a non-cyclic sharing order); only the round trip reads them.
   for u, (k, v) in enumerate(zip(cache.cross_keys, cache.cross_values)):
     out[f'layers_{u}'].update(cross_key=k, cross_value=v)
   if cache.cross_bias is not None:
@@ -119,14 +124,14 @@ def from_t5x_cache(cache: Dict[str, Any]) -> Tuple[network.KVCache, Array]:
   The positions are 'cache_index' flattened, batch-major, as
   `t5x.decoding.flatten_beam_dim` flattens batch and beams.
   """
-  layers = sorted((k for k in cache if k.startswith('layers_')),
-                  key=lambda name: int(name.rsplit('_', 1)[1]))
+  names = sorted((k for k in cache if k.startswith('layers_')),
+                 key=lambda name: int(name.rsplit('_', 1)[1]))
   kv = network.KVCache(
-      keys=tuple(cache[name]['cached_key'] for name in layers),
-      values=tuple(cache[name]['cached_value'] for name in layers),
-      cross_keys=tuple(cache[name]['cross_key'] for name in layers
+      keys=tuple(cache[name]['cached_key'] for name in names),
+      values=tuple(cache[name]['cached_value'] for name in names),
+      cross_keys=tuple(cache[name]['cross_key'] for name in names
                        if 'cross_key' in cache[name]),
-      cross_values=tuple(cache[name]['cross_value'] for name in layers
+      cross_values=tuple(cache[name]['cross_value'] for name in names
                          if 'cross_value' in cache[name]),
       cross_bias=cache.get(CROSS_BIAS))
   return kv, jnp.reshape(cache[INDEX], (-1,))
@@ -145,17 +150,24 @@ def t5x_tokens_to_logits(decode_step: DecodeStepFn):
     `DecodingState -> (logits, cache)` that runs `state.cur_token` at the
     positions in the cache's 'cache_index' (ignoring `state.cur_index`,
     which `beam_search` sets to its loop counter) and advances it by one,
-    keeping its shape.
+    keeping its shape. An index of one position per example serves all of
+    its decodes (T5X's decode fns called without an initial_index).
   """
 
   def tokens_to_logits(state) -> Tuple[Array, Dict[str, Any]]:
     kv, positions = from_t5x_cache(state.cache)
     tokens = state.cur_token[:, 0]
     if positions.shape != tokens.shape:
-      raise ValueError(
-          f"The cache's {INDEX} holds {positions.shape[0]} positions for "
-          f'{tokens.shape[0]} tokens: expand or reorder the cache with '
-          f'cache_offset={CACHE_OFFSET}.')
+      if tokens.shape[0] % positions.shape[0]:
+        raise ValueError(
+            f"The cache's {INDEX} holds {positions.shape[0]} positions for "
+            f'{tokens.shape[0]} tokens: expand or reorder the cache with '
+            f'cache_offset={CACHE_OFFSET}.')
+      # Called without an initial_index, T5X's decode fns start every
+      # example at BOS, step all of its decodes together and leave the index
+      # unexpanded (T5X's own caches hold one scalar index): each example's
+      # position is that of all its decodes.
+      positions = jnp.repeat(positions, tokens.shape[0] // positions.shape[0])
     logits, kv = decode_step(tokens, positions, kv)
     return logits, to_t5x_cache(kv, state.cache[INDEX] + 1)
 
@@ -236,8 +248,9 @@ class BoundSteps:
   def config(self) -> network.TransformerConfig:
     return self.module.config
 
-  def _apply(self, *args, method: str):
-    return self.module.apply({'params': self.params}, *args, method=method)
+  def _apply(self, *args, method: str, **kwargs):
+    return self.module.apply({'params': self.params}, *args, method=method,
+                             **kwargs)
 
   def prefill(self, inputs: Array, initial_index: Array,
               causal_attention: Optional[Array] = None,
@@ -260,9 +273,8 @@ class BoundSteps:
           f'{None if encoder_input_tokens is None else "given"}.')
     kwargs = ({} if encoder_input_tokens is None else
               dict(encoder_input_tokens=encoder_input_tokens))
-    return self.module.apply({'params': self.params}, inputs, initial_index,
-                             causal_attention, cache_length, method='prefill',
-                             **kwargs)[1]
+    return self._apply(inputs, initial_index, causal_attention, cache_length,
+                       method='prefill', **kwargs)[1]
 
   def decode_step(self, tokens: Array, positions: Array,
                   cache: network.KVCache) -> Tuple[Array, network.KVCache]:

@@ -59,6 +59,10 @@ class ModuleTest(absltest.TestCase):
     self.assertEqual(bucket(8), 8)
     self.assertEqual(bucket(200), 15)
     self.assertEqual(bucket(-200), 31)
+    bias = layers.RelativePositionBias(32, 128, 2, bidirectional=True)
+    params = bias.init(jax.random.PRNGKey(0), 4, method='full')
+    with self.assertRaisesRegex(ValueError, 'only `full`'):
+      bias.apply(params, 4, method='by_distance')
 
   def test_cross_attention_weights_per_unique_layer(self):
     module, params = _model()
@@ -89,6 +93,9 @@ class ModuleTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'encoder_input_tokens .*\[0, 13\)'):
       inference.generate(module, params, encoder_input_tokens=jnp.array(
           [[3, 40]]), max_decode_steps=2)
+    with self.assertRaisesRegex(ValueError, 'bidirectional'):
+      inference.generate(module, params, encoder_input_tokens=jnp.array(
+          [[3, 4]]), max_decode_steps=2, bidirectional=True)
     decoder_only = helpers.tiny_model()
     with self.assertRaisesRegex(ValueError, 'meaningless'):
       inference.generate(*decoder_only, jnp.ones((1, 2), jnp.int32),
@@ -229,6 +236,27 @@ class T5XParityTest(parameterized.TestCase):
                      targets, enable_dropout=False, all_exits=False)
     np.testing.assert_array_equal(np.asarray(got, np.float32),
                                   np.asarray(expected, np.float32))
+
+  def test_segments_as_t5x(self):
+    # Decoder segments alone mask the decoder's self-attention only, as in
+    # T5X; encoder segments need decoder segments.
+    theirs, ours = self._pair('float32', False)
+    params = helpers.random_params(theirs, 2)
+    encoder_tokens = jnp.array([[3, 4, 5, 0]])
+    targets = jnp.array([[11, 12, 13, 14]])
+    decoder_inputs = jnp.array([[0, 11, 0, 13]])
+    segments = jnp.array([[1, 1, 2, 2]])
+    expected = theirs.apply({'params': params}, encoder_tokens,
+                            decoder_inputs, targets,
+                            decoder_segment_ids=segments,
+                            enable_dropout=False)
+    got = ours.apply({'params': params}, encoder_tokens, decoder_inputs,
+                     targets, decoder_segment_ids=segments,
+                     enable_dropout=False, all_exits=False)
+    np.testing.assert_array_equal(got, expected)
+    with self.assertRaisesRegex(ValueError, 'need decoder_segment_ids'):
+      ours.apply({'params': params}, encoder_tokens, decoder_inputs, targets,
+                 encoder_segment_ids=segments, enable_dropout=False)
 
   def test_packed_examples(self):
     theirs, ours = self._pair('float32', False)

@@ -162,6 +162,15 @@ class AttentionWithoutWritesTest(parameterized.TestCase):
       np.testing.assert_array_equal(_bits(one)[:, 0], _bits(got)[:, s])
     xla = rowattention.attention(query, keys, values, bias, stages=stages,
                                  force_xla=True)
+    # XLA's ops over one cache for every slot (no per-slot copy) give each
+    # slot's own attention.
+    one_cache = rowattention.reference(query, keys, values, bias, (1,) * 4)
+    for s in range(4):
+      np.testing.assert_allclose(
+          np.asarray(one_cache[:, s], np.float32),
+          np.asarray(rowattention.reference(
+              query[:, s:s + 1], keys, values, bias[:, s:s + 1], (1,))[:, 0],
+                     np.float32), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(got, np.float32),
                                np.asarray(xla, np.float32),
                                rtol=2e-2 if dtype == BF16 else 1e-5,
