@@ -145,16 +145,33 @@ class _SpeedModel:
   def _bound(self, params: PyTree) -> steps.BoundSteps:
     return steps.BoundSteps(self.module, params, self._speculative_vocab_size)
 
-  @staticmethod
-  def _with_speed_stats(result: decoding.DecodeResult,
-                        aux: MutableMapping[str, Array]
-                        ) -> MutableMapping[str, Array]:
-    """`aux` with a pipelined decode fn's `SpeedStats` per example, as
-    aux['speed/<field>']."""
+  def _decode(self, decode_fn_kwargs: Mapping[str, Any],
+              rng: Optional[Array],
+              decoder_params: Optional[MutableMapping[str, Any]],
+              num_decodes: int, return_all_decodes: bool
+              ) -> Tuple[Array, MutableMapping[str, Array]]:
+    """Runs the decode fn with the model's arguments (`decode_fn_kwargs`)
+    and the caller's; returns (decodes, aux) as T5X's models do, with a
+    pipelined decode fn's `SpeedStats` per example as aux['speed/<field>'].
+    """
+    decoder_params = dict(decoder_params or {})
+    if rng is not None:
+      if decoder_params.get('decode_rng') is not None:
+        raise ValueError('Got an RNG both as `rng` and as '
+                         "decoder_params['decode_rng']; pass only one.")
+      decoder_params['decode_rng'] = rng
+    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
+    result = decoding.decode(self._decode_fn, num_decodes=num_decodes,
+                             **decode_fn_kwargs, **decoder_params)
+    decodes, scores = result.sequences, result.scores
+    if return_all_decodes:
+      aux = {'scores': scores}
+    else:
+      decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
     if result.stats is not None:
       for field in dataclasses.fields(result.stats):
         aux[f'speed/{field.name}'] = getattr(result.stats, field.name)
-    return aux
+    return decodes, aux
 
 
 class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
@@ -270,25 +287,11 @@ class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
     decoding.check_token_range(inputs, self.config.vocab_size)
     cache, initial_index = self._compute_kv_cache(
         params, inputs, batch['decoder_causal_attention'])
-    decoder_params = dict(decoder_params or {})
-    if rng is not None:
-      if decoder_params.get('decode_rng') is not None:
-        raise ValueError('Got an RNG both as `rng` and as '
-                         "decoder_params['decode_rng']; pass only one.")
-      decoder_params['decode_rng'] = rng
-    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
-    result = decoding.decode(
-        self._decode_fn, num_decodes=num_decodes,
-        **self._bound(params).decode_fn_kwargs(self._decode_fn, inputs, cache,
-                                               initial_index),
-        **decoder_params)
-    decodes, scores = result.sequences, result.scores
-    if return_all_decodes:
-      aux = {'scores': scores}
-    else:
-      decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
-    return (t5x_models.remove_prefix(decodes, initial_index),
-            self._with_speed_stats(result, aux))
+    decodes, aux = self._decode(
+        self._bound(params).decode_fn_kwargs(self._decode_fn, inputs, cache,
+                                             initial_index),
+        rng, decoder_params, num_decodes, return_all_decodes)
+    return t5x_models.remove_prefix(decodes, initial_index), aux
 
 
 class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
@@ -399,25 +402,12 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
                           cache_length=inputs.shape[1],
                           encoder_input_tokens=encoder_input_tokens)
     cache = steps.with_cache_sharding(cache)
-    decoder_params = dict(decoder_params or {})
-    if rng is not None:
-      if decoder_params.get('decode_rng') is not None:
-        raise ValueError('Got an RNG both as `rng` and as '
-                         "decoder_params['decode_rng']; pass only one.")
-      decoder_params['decode_rng'] = rng
-    decoder_params.setdefault('eos_id', self.output_vocabulary.eos_id or 1)
     kwargs = bound.decode_fn_kwargs(self._decode_fn, inputs, cache,
                                     initial_index)
     if not ours:
       del kwargs['initial_index']  # as T5X's model calls its decode fns
-    result = decoding.decode(self._decode_fn, num_decodes=num_decodes,
-                             **kwargs, **decoder_params)
-    decodes, scores = result.sequences, result.scores
-    if return_all_decodes:
-      aux = {'scores': scores}
-    else:
-      decodes, aux = decodes[:, -1, :], {'scores': scores[:, -1]}
-    return decodes, self._with_speed_stats(result, aux)
+    return self._decode(kwargs, rng, decoder_params, num_decodes,
+                        return_all_decodes)
 
 
 def write_inferences_with_speed_statistics(
