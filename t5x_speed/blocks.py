@@ -77,6 +77,25 @@ def _dropout_rng(module: nn.Module, deterministic: bool) -> Optional[Array]:
   return module.make_rng('dropout')
 
 
+def _attention_residual(layer: nn.Module, attention: Attention,
+                        dropout: nn.Dropout, x: Array, q: Array, k: Array,
+                        v: Array, bias: Array, deterministic: bool) -> Array:
+  """x + dropout(out(attention of q over k, v)): a whole-sequence attention
+  sub-block of `layer` (T5X's arithmetic and dropout)."""
+  cfg = layer.config
+  context = layers.dot_product_attention(
+      q, k, v, bias, cfg.dropout_rate, _dropout_rng(layer, deterministic),
+      cfg.dtype)
+  return x + dropout(attention(context), deterministic=deterministic)
+
+
+def _mlp_residual(layer: nn.Module, x: Array, deterministic: bool) -> Array:
+  """x + dropout(mlp(norm(x))): the MLP sub-block of a decoder or encoder
+  layer (its `pre_mlp_layer_norm`, `mlp` and `post_mlp_dropout`)."""
+  y = layer.mlp(layer.pre_mlp_layer_norm(x), deterministic=deterministic)
+  return x + layer.post_mlp_dropout(y, deterministic=deterministic)
+
+
 class DecoderLayer(nn.Module):
   """Pre-norm self-attention (+ cross-attention) + gated MLP block, usable
   on a sequence or on a decode step's slots."""
@@ -104,10 +123,6 @@ class DecoderLayer(nn.Module):
     head_dim]."""
     return self.encoder_decoder_attention.kv(encoded)
 
-  def _mlp_block(self, x: Array, deterministic: bool) -> Array:
-    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic=deterministic)
-    return x + self.post_mlp_dropout(y, deterministic=deterministic)
-
   def __call__(self, x: Array, bias: Array, deterministic: bool,
                cross: Optional[SequenceCross] = None
                ) -> Tuple[Array, Array, Array]:
@@ -125,23 +140,18 @@ class DecoderLayer(nn.Module):
       The output [batch, length, emb] and this layer's keys and values, each
       [batch, length, heads, head_dim], for the caller to cache.
     """
-    cfg = self.config
     q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
-    context = layers.dot_product_attention(
-        q, k, v, bias, cfg.dropout_rate, _dropout_rng(self, deterministic),
-        cfg.dtype)
-    x = x + self.post_self_attention_dropout(self.self_attention(context),
-                                             deterministic=deterministic)
+    x = _attention_residual(self, self.self_attention,
+                            self.post_self_attention_dropout, x, q, k, v,
+                            bias, deterministic)
     if cross is not None:
       cross_k, cross_v, cross_bias = cross
       attention = self.encoder_decoder_attention
       q = attention.q(self.pre_cross_attention_layer_norm(x))
-      context = layers.dot_product_attention(
-          q, cross_k, cross_v, cross_bias, cfg.dropout_rate,
-          _dropout_rng(self, deterministic), cfg.dtype)
-      x = x + self.post_cross_attention_dropout(attention(context),
-                                                deterministic=deterministic)
-    return self._mlp_block(x, deterministic), k, v
+      x = _attention_residual(self, attention,
+                              self.post_cross_attention_dropout, x, q,
+                              cross_k, cross_v, cross_bias, deterministic)
+    return _mlp_residual(self, x, deterministic), k, v
 
   def step(self, x: Array, positions: Array, bias: Array, keys: Array,
            values: Array, stages: Sequence[int],
@@ -170,7 +180,7 @@ class DecoderLayer(nn.Module):
       attention = self.encoder_decoder_attention
       q = attention.q(self.pre_cross_attention_layer_norm(x))
       x = x + attention(layers.attention(q, cross_k, cross_v, cross_bias))
-    return self._mlp_block(x, True), keys, values
+    return _mlp_residual(self, x, True), keys, values
 
 
 class EncoderLayer(nn.Module):
@@ -193,12 +203,7 @@ class EncoderLayer(nn.Module):
     """[batch, length, emb] -> [batch, length, emb]; `bias` [batch or 1,
     heads or 1, length, length] holds the relative-position bias and the
     padding mask."""
-    cfg = self.config
     q, k, v = self.attention.qkv(self.pre_attention_layer_norm(x))
-    context = layers.dot_product_attention(
-        q, k, v, bias, cfg.dropout_rate, _dropout_rng(self, deterministic),
-        cfg.dtype)
-    x = x + self.post_attention_dropout(self.attention(context),
-                                        deterministic=deterministic)
-    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic=deterministic)
-    return x + self.post_mlp_dropout(y, deterministic=deterministic)
+    x = _attention_residual(self, self.attention, self.post_attention_dropout,
+                            x, q, k, v, bias, deterministic)
+    return _mlp_residual(self, x, deterministic)
