@@ -161,12 +161,7 @@ def _check_encoder_inputs(module: Any, tokens: Optional[Array]
   """`generate`'s encoder_input_tokens on the host, checked against the
   model: required by an encoder-decoder model, refused by a decoder-only
   one."""
-  if module.config.is_encoder_decoder != (tokens is not None):
-    raise ValueError(
-        'encoder_input_tokens are required by an encoder-decoder model and '
-        'meaningless for a decoder-only one; got num_encoder_layers='
-        f'{module.config.num_encoder_layers} and encoder_input_tokens '
-        f'{"None" if tokens is None else "given"}.')
+  steps.check_encoder_inputs(module.config, tokens)
   if tokens is None:
     return None
   if isinstance(tokens, jax.core.Tracer):

@@ -174,6 +174,18 @@ def t5x_tokens_to_logits(decode_step: DecodeStepFn):
   return tokens_to_logits
 
 
+def check_encoder_inputs(config: network.TransformerConfig,
+                         encoder_input_tokens: Optional[Array]) -> None:
+  """Raises ValueError unless `encoder_input_tokens` are given exactly for
+  an encoder-decoder model."""
+  if config.is_encoder_decoder != (encoder_input_tokens is not None):
+    raise ValueError(
+        'encoder_input_tokens are required by an encoder-decoder model and '
+        'meaningless for a decoder-only one; got num_encoder_layers='
+        f'{config.num_encoder_layers} and encoder_input_tokens '
+        f'{"None" if encoder_input_tokens is None else "given"}.')
+
+
 def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
   """Whether `decode_fn` declares that it takes SPEED's pipelined step."""
   spec = decoding.decode_fn_spec(decode_fn)
@@ -265,12 +277,7 @@ class BoundSteps:
     model's inputs (0: padding), encoded here once; the cache then holds
     what the decoder attends to in them.
     """
-    if self.config.is_encoder_decoder != (encoder_input_tokens is not None):
-      raise ValueError(
-          'encoder_input_tokens are required by an encoder-decoder model '
-          'and meaningless for a decoder-only one; got num_encoder_layers='
-          f'{self.config.num_encoder_layers} and encoder_input_tokens '
-          f'{None if encoder_input_tokens is None else "given"}.')
+    check_encoder_inputs(self.config, encoder_input_tokens)
     kwargs = ({} if encoder_input_tokens is None else
               dict(encoder_input_tokens=encoder_input_tokens))
     return self._apply(inputs, initial_index, causal_attention, cache_length,
