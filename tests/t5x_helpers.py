@@ -338,6 +338,40 @@ def write_reverse_task(root: str):
     f.write(TASK_MODULE)
 
 
+def reverse_task_bindings():
+  """Gin bindings of a run on the `e2e_reverse` task (`write_reverse_task`)."""
+  return ["MIXTURE_OR_TASK_NAME = 'e2e_reverse'",
+          "MIXTURE_OR_TASK_MODULE = 'e2e_tasks'",
+          "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 16}",
+          'USE_CACHED_TASKS = False', 'BATCH_SIZE = 8']
+
+
+def checkpoint_params(path):
+  """The parameters saved in checkpoint directory `path` (T5X's Orbax
+  format)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  return ocp.PyTreeCheckpointer().restore(os.path.join(path, 'state'))['target']
+
+
+def prediction_rows(out_dir):
+  """The rows of the one `e2e_reverse` prediction file t5x.infer wrote into
+  out_dir."""
+  files = [f for f in glob.glob(os.path.join(out_dir, 'e2e_reverse-*.jsonl*'))
+           if not f.endswith('.COMPLETED')]
+  assert len(files) == 1, files
+  with open(files[0]) as f:
+    return [json.loads(line) for line in f]
+
+
+def tree_leaves(tree, prefix=''):
+  """(path, array) of every leaf of a nested dict, in sorted key order."""
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from tree_leaves(tree[k], f'{prefix}/{k}')
+  else:
+    yield prefix, np.asarray(tree)
+
+
 def tensorboard_scalars(event_dir: str):
   """{tag: {step: value}} of the TensorBoard scalars in event_dir."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top

@@ -40,7 +40,6 @@ import numpy as np
 import pytest
 
 t5x = pytest.importorskip('t5x')
-import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
 import seqio  # pylint: disable=g-import-not-at-top
 from t5x import adafactor  # pylint: disable=g-import-not-at-top
 from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
@@ -63,13 +62,6 @@ MODEL = 't5x_speed/gin/models/speed_base_4x3.gin'
 VOCAB = seqio.PassThroughVocabulary(SIZES['vocab_size'], eos_id=1)
 
 
-def _task(root):
-  return ["MIXTURE_OR_TASK_NAME = 'e2e_reverse'",
-          "MIXTURE_OR_TASK_MODULE = 'e2e_tasks'",
-          "TASK_FEATURE_LENGTHS = {'inputs': 16, 'targets': 16}",
-          'USE_CACHED_TASKS = False', 'BATCH_SIZE = 8']
-
-
 def _t5x_bindings(root):
   """T5X's base.gin at tiny size, float32, with the test's vocabulary."""
   return [f'network.TransformerConfig.{k} = {v}' for k, v in SIZES.items()
@@ -77,14 +69,15 @@ def _t5x_bindings(root):
               "network.TransformerConfig.dtype = 'float32'",
               'DROPOUT_RATE = 0.0',
               "seqio.SentencePieceVocabulary.sentencepiece_model_file = "
-              f"'{root}/spm.model'"] + _task(root)
+              f"'{root}/spm.model'"] + th.reverse_task_bindings()
 
 
 def _our_bindings(root, unique_layers=2, repeats=3):
   return [f'network.TransformerConfig.{k} = {v}' for k, v in SIZES.items()
          ] + [f'NUM_UNIQUE_LAYERS = {unique_layers}',
               f'NUM_REPEATS = {repeats}', "ACTIVATION_DTYPE = 'float32'",
-              f"SENTENCEPIECE_MODEL = '{root}/spm.model'"] + _task(root)
+              f"SENTENCEPIECE_MODEL = '{root}/spm.model'"
+             ] + th.reverse_task_bindings()
 
 
 def _our_model(unique_layers, repeats):
@@ -101,28 +94,6 @@ def _t5x_model():
           num_layers=LAYERS, dtype='float32', logits_via_embedding=True,
           dropout_rate=0.0, mlp_activations=('gelu', 'linear'), **SIZES)),
       VOCAB, adafactor.Adafactor(), decode_fn=th.T5X_GREEDY)
-
-
-def _checkpoint_params(path):
-  """The parameters saved in checkpoint directory `path` (T5X's Orbax format)."""
-  return ocp.PyTreeCheckpointer().restore(os.path.join(path, 'state'))['target']
-
-
-def _predictions(out_dir):
-  """The rows of the one prediction file t5x.infer wrote into out_dir."""
-  files = [f for f in glob.glob(os.path.join(out_dir, 'e2e_reverse-*.jsonl*'))
-           if not f.endswith('.COMPLETED')]
-  assert len(files) == 1, files
-  with open(files[0]) as f:
-    return [json.loads(line) for line in f]
-
-
-def _leaves(tree, prefix=''):
-  if isinstance(tree, dict):
-    for k in sorted(tree):
-      yield from _leaves(tree[k], f'{prefix}/{k}')
-  else:
-    yield prefix, np.asarray(tree)
 
 
 class StockBinariesTest(absltest.TestCase):
@@ -214,7 +185,7 @@ class StockBinariesTest(absltest.TestCase):
     # Scores: the restored parameters in both models (while the binaries
     # run), each method jitted as T5X's binaries jit it.
     our_model, t5x_model = _our_model(LAYERS, 1), _t5x_model()
-    params = _checkpoint_params(self.checkpoint)
+    params = th.checkpoint_params(self.checkpoint)
     batch = th.prefix_lm_batch(seed=3, batch=6)
     np.testing.assert_allclose(jax.jit(our_model.score_batch)(params, batch),
                                jax.jit(t5x_model.score_batch)(params, batch),
@@ -226,8 +197,8 @@ class StockBinariesTest(absltest.TestCase):
     self.runs['infer_t5x'].result()
     self.runs['infer_ours'].result()
     text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
-    theirs = text(_predictions(os.path.join(self.root, 'infer_t5x')))
-    ours = text(_predictions(os.path.join(self.root, 'infer_ours')))
+    theirs = text(th.prediction_rows(os.path.join(self.root, 'infer_t5x')))
+    ours = text(th.prediction_rows(os.path.join(self.root, 'infer_ours')))
     self.assertLen(ours, 12)
     self.assertEqual(ours, theirs)
     self.assertTrue(any(p for _, p in ours))
@@ -241,14 +212,15 @@ class StockBinariesTest(absltest.TestCase):
                 'exit_3/accuracy', 'exit_2/flip_rate', 'exit_3/flip_rate',
                 'loss', 'accuracy'):
       self.assertIn(tag, scalars)
-    source = _checkpoint_params(self.checkpoint)
-    warm = _checkpoint_params(self.warm_checkpoint)
+    source = th.checkpoint_params(self.checkpoint)
+    warm = th.checkpoint_params(self.warm_checkpoint)
     self.assertEqual(sorted(warm['decoder']),
                      ['decoder_norm', 'layers_0', 'layers_1', 'relpos_bias',
                       'token_embedder'])
     for name in warm['decoder']:
       for (path, a), (source_path, b) in zip(
-          _leaves(warm['decoder'][name]), _leaves(source['decoder'][name])):
+          th.tree_leaves(warm['decoder'][name]),
+          th.tree_leaves(source['decoder'][name])):
         self.assertEqual(path, source_path)
         # One Adafactor step at learning rate 0 moves them by float32
         # rounding only (a fresh initialisation would differ entirely).
@@ -291,7 +263,7 @@ class StockBinariesTest(absltest.TestCase):
               f"CHECKPOINT_PATH = '{checkpoint}'",
               f"INFER_OUTPUT_DIR = '{out}'",
               'utils.DatasetConfig.batch_size = 4'] + bindings)
-      return _predictions(out)
+      return th.prediction_rows(out)
 
     results = th.run_concurrently(
         lambda: th.run_t5x(

@@ -42,10 +42,6 @@ from t5x_speed import models
 from t5x_speed import network
 import helpers  # pylint: disable=g-import-not-at-top
 import t5x_helpers as th  # pylint: disable=g-import-not-at-top
-from test_t5x_binaries import _checkpoint_params  # pylint: disable=g-import-not-at-top
-from test_t5x_binaries import _leaves
-from test_t5x_binaries import _predictions
-from test_t5x_binaries import _task
 
 STEPS = 30
 SIZES = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
@@ -73,7 +69,7 @@ def _t5x_bindings(root):
       f'network.T5Config.num_decoder_layers = {DECODER_LAYERS}',
       "network.T5Config.dtype = 'float32'", 'DROPOUT_RATE = 0.0',
       "seqio.SentencePieceVocabulary.sentencepiece_model_file = "
-      f"'{root}/spm.model'"] + _task(root)
+      f"'{root}/spm.model'"] + th.reverse_task_bindings()
 
 
 def _our_bindings(root, unique_layers=2, repeats=3):
@@ -82,7 +78,8 @@ def _our_bindings(root, unique_layers=2, repeats=3):
               f'NUM_REPEATS = {repeats}',
               f'NUM_ENCODER_LAYERS = {ENCODER_LAYERS}',
               "ACTIVATION_DTYPE = 'float32'",
-              f"SENTENCEPIECE_MODEL = '{root}/spm.model'"] + _task(root)
+              f"SENTENCEPIECE_MODEL = '{root}/spm.model'"
+             ] + th.reverse_task_bindings()
 
 
 def _our_model():
@@ -176,7 +173,7 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
 
   def test_restores_into_t5_base_12l_and_decodes_as_t5x(self):
     our_model, t5x_model = _our_model(), _t5x_model()
-    params = _checkpoint_params(self.checkpoint)
+    params = th.checkpoint_params(self.checkpoint)
     batch = th.encdec_batch(seed=3, batch=6)
     np.testing.assert_allclose(jax.jit(our_model.score_batch)(params, batch),
                                jax.jit(t5x_model.score_batch)(params, batch),
@@ -187,23 +184,23 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
     self._result('infer_t5x')
     self._result('infer_ours')
     text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
-    theirs = text(_predictions(os.path.join(self.root, 'infer_t5x')))
-    ours = text(_predictions(os.path.join(self.root, 'infer_ours')))
+    theirs = text(th.prediction_rows(os.path.join(self.root, 'infer_t5x')))
+    ours = text(th.prediction_rows(os.path.join(self.root, 'infer_ours')))
     self.assertLen(ours, 12)
     self.assertEqual(ours, theirs)
     self.assertTrue(any(p for _, p in ours))
 
   def test_warm_start_eval_and_infer_speed_equals_greedy(self):
     self._result('warm_start')
-    source = _checkpoint_params(self.checkpoint)
-    warm = _checkpoint_params(self.warm_checkpoint)
+    source = th.checkpoint_params(self.checkpoint)
+    warm = th.checkpoint_params(self.warm_checkpoint)
     self.assertEqual(sorted(warm), ['decoder', 'encoder', 'token_embedder'])
     self.assertEqual(sorted(k for k in warm['decoder']
                             if k.startswith('layers_')),
                      ['layers_0', 'layers_1'])
     for name in ('encoder', 'decoder', 'token_embedder'):
-      for path, a in _leaves(warm[name]):
-        b = dict(_leaves(source[name]))[path]
+      for path, a in th.tree_leaves(warm[name]):
+        b = dict(th.tree_leaves(source[name]))[path]
         # One Adafactor step at learning rate 0: float32 rounding only.
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7,
                                    err_msg=f'{name}{path}')
@@ -227,7 +224,7 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
               f"CHECKPOINT_PATH = '{checkpoint}'",
               f"INFER_OUTPUT_DIR = '{out}'",
               'utils.DatasetConfig.batch_size = 4'] + bindings)
-      return _predictions(out)
+      return th.prediction_rows(out)
 
     results = th.run_concurrently(
         lambda: th.run_t5x(
