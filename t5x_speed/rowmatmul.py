@@ -65,16 +65,18 @@ MAX_ROWS = 64
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc')
 _SOURCES = tuple(os.path.join(_CSRC, c)
-                 for c in ('rowmatmul.cc', 'row_attention.cc'))
+                 for c in ('rowmatmul.cc', 'row_attention.cc', 'row_sample.cc'))
 _HEADERS = tuple(os.path.join(_CSRC, h)
                  for h in ('ffi_threads.h', 'row_kernels.h', 'row_attention.h'))
 _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
-# Every FFI target of the library (the attention's: `t5x_speed.rowattention`).
+# Every FFI target of the library (the attention's: `t5x_speed.rowattention`;
+# the sampler's: `t5x_speed.rowsample`).
 _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_rowmatmul_nt': 'T5xSpeedRowMatmulNT',
             't5x_speed_cached_attention': 'T5xSpeedCachedAttention',
             't5x_speed_attention': 'T5xSpeedAttention',
-            't5x_speed_gather_rows': 'T5xSpeedGatherRows'}
+            't5x_speed_gather_rows': 'T5xSpeedGatherRows',
+            't5x_speed_sample': 'T5xSpeedSample'}
 # Operand dtypes the library's kernels take as they are.
 KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',

@@ -67,6 +67,7 @@ import numpy as np
 from t5x_speed import backend
 from t5x_speed import decode_args
 from t5x_speed import decoding
+from t5x_speed import rowsample
 from t5x_speed import sequential_loop
 from t5x_speed import speed_loop
 from t5x_speed import token_rules
@@ -90,6 +91,9 @@ class PositionKeyedSampler:
     use_topp: whether to apply top-p (False when topp is a concrete 0).
     rescale_log_probs: `log_prob` under the filtered, tempered distribution
       (T5X's default; 0 for greedy rows) instead of the model's.
+    use_kernel: sample with `t5x_speed.rowsample`'s kernel (True), XLA's ops
+      (False), or as `backend.sampler_kernel_runs` decides (None). The two
+      draw the same bits; their logarithms differ in the last ulps.
   """
 
   row_keys: Array
@@ -99,6 +103,8 @@ class PositionKeyedSampler:
   use_topp: bool = flax.struct.field(pytree_node=False, default=False)
   rescale_log_probs: bool = flax.struct.field(pytree_node=False,
                                               default=True)
+  use_kernel: Optional[bool] = flax.struct.field(pytree_node=False,
+                                                 default=None)
 
   def _per_row(self, x: Array, ndim: int) -> Array:
     return x.reshape(x.shape + (1,) * (ndim - 1))
@@ -131,6 +137,30 @@ class PositionKeyedSampler:
     greedy = token_rules.argmax(logits)
     hot = self.temperature > MIN_TEMPERATURE
     return jnp.where(hot[:, None], sampled, greedy).astype(jnp.int32)
+
+  def pick(self, logits: Array, positions: Array) -> Tuple[Array, Array]:
+    """`token_rules.TokenRule.pick`: tokens [rows, S] sampled from logits
+    [rows, S, vocab] at positions [rows, S], and the log-probability [rows]
+    of the last slot's token."""
+    use_kernel = self.use_kernel
+    if use_kernel is None:
+      use_kernel = backend.sampler_kernel_runs(logits.dtype, self.row_keys)
+    if not use_kernel:
+      tokens = self.tokens(logits, positions)
+      return tokens, self.log_prob(logits[:, -1], tokens[:, -1])
+    rows, slots, vocab = logits.shape
+    keys = self.row_keys
+    if jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+      keys = jax.random.key_data(keys)
+    per_slot = lambda x: jnp.repeat(x, slots, 0)
+    tokens, log_probs = rowsample.sample(
+        logits.reshape(rows * slots, vocab), per_slot(keys),
+        positions.reshape(-1), per_slot(self.temperature),
+        jnp.broadcast_to(jnp.where(self.use_topp, self.topp, 0.0),
+                         (rows * slots,)),
+        topk=self.topk, rescale=self.rescale_log_probs)
+    return (tokens.reshape(rows, slots),
+            log_probs.reshape(rows, slots)[:, -1])
 
   def log_prob(self, logits: Array, tokens: Array) -> Array:
     """Log-probability [rows] of `tokens` [rows] under logits [rows, vocab]."""

@@ -102,7 +102,7 @@ def sequential_loop(inputs: Array, cache: Any,
     (the final `GreedyState`: its sequences [batch, length + 1] with BOS
     first, cur_index - initial_index tokens produced per example; scores
     [batch]: the summed log-probabilities of the produced tokens as
-    `rule.log_prob` gives them, NaN for an invalid example).
+    `rule.pick` gives them, NaN for an invalid example).
   """
   batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
@@ -121,7 +121,8 @@ def sequential_loop(inputs: Array, cache: Any,
         cur_token=state.cur_token[:, None],
         cache=state.cache))
     position = state.cur_index + 1
-    token = rule.tokens(logits[:, None], position[:, None])[:, 0]
+    tokens, log_prob = rule.pick(logits[:, None], position[:, None])
+    token = tokens[:, 0]
     ended = state.ended | (live & ((token == checked.eos_id) |
                                    (position >= max_len)))
     return GreedyState(
@@ -130,7 +131,7 @@ def sequential_loop(inputs: Array, cache: Any,
         sequences=write(state.sequences, position, token, live),
         ended=ended,
         log_prob=state.log_prob + jnp.where(
-            live, rule.log_prob(logits, token), 0.0),
+            live, log_prob, 0.0),
         cache=cache,
         step=state.step + 1)
 

@@ -233,7 +233,7 @@ def pipelined_loop(inputs: Array, cache: Any,
   Returns:
     (the final `SpeedState`, its `stats.invalid` filled in; scores [batch]:
     the summed final-stage log-probabilities of the committed tokens as
-    `rule.log_prob` gives them, NaN for an invalid example).
+    `rule.pick` gives them, NaN for an invalid example).
   """
   batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
@@ -252,7 +252,7 @@ def pipelined_loop(inputs: Array, cache: Any,
     valid = pos >= 0                                             # [B, R]
     logits, hidden, cache = pipeline_step_fn(tok[:, 0], state.carry, pos,
                                              state.cache)
-    preds = rule.tokens(logits, pos + 1)                         # [B, R]
+    preds, last_log_prob = rule.pick(logits, pos + 1)            # [B, R]
 
     # The token leaving the last stage commits its final-stage prediction.
     commits = valid[:, -1]
@@ -309,7 +309,7 @@ def pipelined_loop(inputs: Array, cache: Any,
                                         committed, commits),
         ended=ended,
         log_prob=state.log_prob + jnp.where(
-            commits, rule.log_prob(logits[:, -1], committed), 0.0),
+            commits, last_log_prob, 0.0),
         cache=cache,
         stats=stats,
         schedule=schedule,

@@ -5,7 +5,7 @@ Greedy decoding picks the most likely token (`ARGMAX`); `sampling`'s
 `speed_loop`) take a rule, so that greedy and sampled decoding share them.
 """
 
-from typing import Protocol
+from typing import Protocol, Tuple
 
 import jax
 from jax import lax
@@ -17,17 +17,15 @@ Array = jax.Array
 class TokenRule(Protocol):
   """How a decode loop picks each next token (greedy, or `sampling`'s).
 
-  `tokens` sees logits [batch, S, vocab] for S tokens per example (S = 1
+  `pick` sees logits [batch, S, vocab] for S tokens per example (S = 1
   sequentially, R in SPEED's pipeline) and the position each would fill
-  [batch, S]; it must treat every (example, position) alike wherever it is
-  computed, so that SPEED's final stage picks what the sequential loop picks.
-  `log_prob` scores a picked token [batch] from its logits [batch, vocab].
+  [batch, S]; it returns the tokens [batch, S] and the log-probability
+  [batch] of the last slot's token (the one a loop commits). It must treat
+  every (example, position) alike wherever it is computed, so that SPEED's
+  final stage picks and scores what the sequential loop does.
   """
 
-  def tokens(self, logits: Array, positions: Array) -> Array:
-    ...
-
-  def log_prob(self, logits: Array, tokens: Array) -> Array:
+  def pick(self, logits: Array, positions: Array) -> Tuple[Array, Array]:
     ...
 
 
@@ -58,12 +56,10 @@ def token_log_prob(logits: Array, tokens: Array) -> Array:
 class _Argmax:
   """Greedy: the most likely token, scored by its log-probability."""
 
-  def tokens(self, logits: Array, positions: Array) -> Array:
+  def pick(self, logits: Array, positions: Array) -> Tuple[Array, Array]:
     del positions
-    return argmax(logits)
-
-  def log_prob(self, logits: Array, tokens: Array) -> Array:
-    return token_log_prob(logits, tokens)
+    tokens = argmax(logits)
+    return tokens, token_log_prob(logits[:, -1], tokens[:, -1])
 
 
 ARGMAX = _Argmax()
