@@ -39,11 +39,11 @@ traced:
   gathers embedding rows with `rowmatmul.gather_rows`, which copies only
   the rows (the uint16 view of the table would be a copy per step).
 
-* Position-keyed sampling (`sampling.PositionKeyedSampler`): on a CPU
-  backend where the library is built, `t5x_speed.rowsample`'s one call per
-  step instead of XLA's passes over the vocabulary (`sampler_kernel_runs`),
-  whatever the model's `decode_matmul`, so that sequential and SPEED
-  sampling always share it.
+* A decode loop's token choice (`token_rules.ARGMAX`,
+  `sampling.PositionKeyedSampler`): on a CPU backend where the library is
+  built, `t5x_speed.rowsample`'s one call per loop step instead of XLA's
+  passes over the vocabulary (`sampler_kernel_runs`), whatever the model's
+  `decode_matmul`, so that the sequential and SPEED loops always share it.
 
 * How many rows SPEED speculates with (`resolve_max_speculative_rows`). A
   SPEED step multiplies batch x R rows by each weight. While that is a few
@@ -271,16 +271,20 @@ def kernel_attend(query: Array, keys: Array, values: Array, bias: Array,
                                 threads=numerics.kernel_threads)
 
 
-def sampler_kernel_runs(logits_dtype, row_keys: Array) -> bool:
-  """Whether position-keyed sampling of these logits uses `rowsample`.
+def sampler_kernel_runs(logits_dtype, row_keys: Optional[Array] = None
+                        ) -> bool:
+  """Whether a decode loop's token choice over these logits uses `rowsample`.
 
   It does on a CPU backend with the library built, for float32 or bfloat16
-  logits and threefry keys drawn as jax.random draws them by default
-  (`jax_threefry_partitionable`), whose bits the kernel reproduces.
+  logits, and for sampling (`row_keys` given) with threefry keys drawn as
+  jax.random draws them by default (`jax_threefry_partitionable`), whose
+  bits the kernel reproduces.
   """
-  if jax.dtypes.issubdtype(row_keys.dtype, jax.dtypes.prng_key):
+  threefry = True
+  if row_keys is not None and jax.dtypes.issubdtype(row_keys.dtype,
+                                                    jax.dtypes.prng_key):
     threefry = 'threefry' in str(jax.random.key_impl(row_keys))
-  else:
+  elif row_keys is not None:
     threefry = row_keys.shape[-1:] == (2,) and row_keys.dtype == jnp.uint32
   return (threefry and jax.config.jax_threefry_partitionable and
           jnp.dtype(logits_dtype) in rowmatmul.KERNEL_DTYPES and

@@ -378,7 +378,15 @@ class SampleBenchTest(absltest.TestCase):
                          '--quiet'])
     self.assertNotIn('[sample_bench', stderr.getvalue())  # --quiet
     with open(os.path.join(out, 'sample_bench.json')) as f:
-      (row,) = json.load(f)['rows']
+      results = json.load(f)
+    (row,) = results['rows']
+    # The sampler alone: one row and R = 3 rows, kernel and XLA.
+    self.assertEqual([(e['setting'], e['rows'])
+                      for e in results['sampler_alone']],
+                     [(sample_bench.TARGET_SETTING, 1),
+                      (sample_bench.TARGET_SETTING, 3)])
+    self.assertTrue(all(e['kernel_ms'] > 0 and e['xla_ms'] > 0
+                        for e in results['sampler_alone']))
     self.assertEqual(row['setting'], sample_bench.TARGET_SETTING)
     self.assertTrue(row['identical'])
     self.assertGreaterEqual(row['steps_per_token'], 1.0)

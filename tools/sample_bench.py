@@ -28,15 +28,18 @@ import argparse
 import functools
 import json
 import os
+import time
 from typing import Any, Dict, List
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
 import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import inference
 from t5x_speed import rowmatmul
+from t5x_speed import sampling
 from tools import bench_report
 from tools import common
 from tools import demo_model
@@ -140,6 +143,39 @@ def _replay(module, params, wide, prompts, lengths, setting, args,
                         zip(outputs[speed], outputs[sequential]))}
 
 
+def _sampler_alone(stages: int, vocab: int, repeats: int
+                   ) -> List[Dict[str, Any]]:
+  """ms per call of the sampler alone (`PositionKeyedSampler.pick`) on one
+  sequence's logits, one row (sequential) or `stages` rows (a SPEED step),
+  with the kernel and with XLA's ops; medians of `repeats` rounds of 100."""
+  out = []
+  for name, setting in SETTINGS:
+    if name not in ('T=1.0', TARGET_SETTING):
+      continue
+    for rows in (1, stages):
+      logits = jax.random.normal(jax.random.PRNGKey(rows), (1, rows, vocab))
+      positions = jnp.arange(rows, dtype=jnp.int32)[None] + 5
+      entry = {'setting': name, 'rows': rows}
+      for use_kernel in (True, False):
+        rule = sampling.PositionKeyedSampler(
+            row_keys=jax.random.PRNGKey(0)[None],
+            temperature=jnp.full((1,), setting['temperature']),
+            topp=jnp.float32(setting['topp']), use_topp=setting['topp'] > 0,
+            use_kernel=use_kernel)
+        pick = jax.jit(rule.pick)
+        jax.block_until_ready(pick(logits, positions))
+        times = []
+        for _ in range(repeats):
+          start = time.perf_counter()
+          for _ in range(100):
+            jax.block_until_ready(pick(logits, positions))
+          times.append((time.perf_counter() - start) * 10)   # ms per call
+        entry['kernel_ms' if use_kernel else 'xla_ms'] = float(
+            np.median(times))
+      out.append(entry)
+  return out
+
+
 def run(args) -> Dict[str, Any]:
   g, r = demo_model.parse_gxr(args.config)
   progress = common.Progress(
@@ -185,8 +221,13 @@ def run(args) -> Dict[str, Any]:
                               f'{what}, width-{args.width} replay {g}x{r}')
     rows.append(row)
     print(json.dumps(row), flush=True)
+  sampler = []
+  if rowmatmul.available():
+    progress.log('timing the sampler alone')
+    sampler = _sampler_alone(r, args.vocab_size, args.repeats)
   return {'config': args.config, 'prompts': args.prompts,
           'width': args.width, 'vocab_size': args.vocab_size,
+          'sampler_alone': sampler,
           'dtype': args.dtype,
           'demo_model': f'{module.config.num_unique_layers}x{r}, width '
                         f'{module.config.emb_dim}, trained '
@@ -214,6 +255,12 @@ def markdown(results: Dict[str, Any]) -> str:
     lines.append(f"| {row['setting']} | {row['steps_per_token']:.2f} | "
                  f"{flips} | {row['identical']} | "
                  f"{row['demo']['speedup']:.2f}x | {replayed} |")
+  if results.get('sampler_alone'):
+    lines += ['', f"The sampler alone (ms per call, {results['vocab_size']} "
+              'ids; one row per sequential token, R rows per SPEED step):',
+              '', '| setting | rows | kernel | XLA |', '|---|---|---|---|']
+    lines += [f"| {e['setting']} | {e['rows']} | {e['kernel_ms']:.3f} | "
+              f"{e['xla_ms']:.3f} |" for e in results['sampler_alone']]
   goals = bench_report.targets_markdown([
       (f'SPEED sampling ({TARGET_SETTING}) >= {TARGET_SPEEDUP}x sequential '
        'sampling in the replay', row['replay']['speedup'],
