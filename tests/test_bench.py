@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from t5x_speed import rowattention
 from t5x_speed import rowmatmul
+from t5x_speed import token_rules
 from tools import bench
 from tools import bench_measure
 from tools import bench_report
@@ -327,12 +328,15 @@ class DecodeProfileTest(absltest.TestCase):
             jnp.array([[0, 1, 2]]), stages=(0, 1, 1)),
         rowmatmul.gather_rows(jnp.ones((100, 64), jnp.bfloat16),
                               jnp.array([3, 4])),
+        token_rules.ARGMAX.pick(x.reshape(1, 3, 64),
+                                jnp.zeros((1, 3), jnp.int32)),
     )).lower(x).compile().as_text()
     self.assertCountEqual(decode_profile._kernel_shapes(hlo).values(), [
         ('3 x 64 x 32+32+32 f32', 64 * 96 * 4),
         ('3 x 64 x 48 bf16', 64 * 48 * 2),
         ('3 x 64 x 50 f32', 64 * 50 * 4),
-        ('attention: 12 rows x 9 keys f32', 0), ('embedding rows', 0)])
+        ('attention: 12 rows x 9 keys f32', 0), ('embedding rows', 0),
+        ('token choice: 3 rows x 64 ids f32', 0)])
 
 
 class ProgressTest(absltest.TestCase):

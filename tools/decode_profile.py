@@ -8,8 +8,9 @@ figures/avx512/decode_profile.txt).
 Runs the bench's replay (`replay.replay_decode`, the first B short test
 prompts, exits of the replayed 2x3 demo model in --demo_out) once under
 `jax.profiler`, and sums XLA:CPU's per-thunk trace events over the loop:
-`ffi_call` are the kernel's weight products and attention, the rest XLA's
-own ops (norms, argmax, cache writes, ...). Kernel calls
+`ffi_call` are the kernel library's weight products, attention and token
+choice, the rest XLA's own ops (norms, activations, the loop's
+bookkeeping, ...). Kernel calls
 are also summed by shape (rows x K x N), with the rate at which they read
 their weights. Figures are per loop step; the profiler adds a little to each
 op.
@@ -57,14 +58,20 @@ def _shapes(text: str) -> list:
 def _kernel_shapes(hlo: str) -> dict:
   """{call name: (label, weight bytes)} of the kernel calls in compiled HLO
   text: matmuls 'rows x K x N dtype' (several weights: N 'N1+N2+...'), the
-  attention 'attention: rows x length keys dtype' and the embedding gather
-  (no weight bytes)."""
+  attention 'attention: rows x length keys dtype', the token choice
+  'token choice: rows x vocab ids dtype' and the embedding gather (no
+  weight bytes)."""
   shapes = {}
   for m in _KERNEL_CALL.finditer(hlo):
     outs = _shapes(m.group(2))
     operands = _shapes(m.group(4))
     if 'gather' in m.group(3):
       shapes[m.group(1)] = ('embedding rows', 0)
+      continue
+    if 'sample' in m.group(3):
+      l_dtype, logits = operands[0]
+      shapes[m.group(1)] = (f'token choice: {logits[0]} rows x {logits[1]} '
+                            f'ids {l_dtype}', 0)
       continue
     if 'attention' in m.group(3):
       (_, query), (c_dtype, cache) = operands[:2]
