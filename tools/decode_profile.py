@@ -3,7 +3,7 @@ figures/avx512/decode_profile.txt).
 
     python -m tools.decode_profile [float32|bfloat16]
                                    [speed|speed_pipeline|greedy|greedy_g|
-                                    greedy_12l] [--batch B]
+                                    greedy_12l|t5x_sample] [--batch B]
 
 Runs the bench's replay (`replay.replay_decode`, the first B short test
 prompts, exits of the replayed 2x3 demo model in --demo_out) once under
@@ -39,7 +39,7 @@ ENCLOSING = ('ThunkExecutor', '$', 'PjitFunction', 'Common', 'ParseArg',
              'while', 'end: ')
 # (G, R) of each method's Base-width model.
 MODELS = {'speed': (4, 3), 'speed_pipeline': (4, 3), 'greedy': (4, 3),
-          'greedy_g': (4, 1), 'greedy_12l': (12, 1)}
+          'greedy_g': (4, 1), 'greedy_12l': (12, 1), 't5x_sample': (4, 3)}
 # A kernel call in the compiled HLO: its name, its outputs' shapes (one per
 # weight) and its operands' shapes (x, then the weights).
 _KERNEL_CALL = re.compile(
