@@ -275,19 +275,28 @@ def sampler_kernel_runs(logits_dtype, row_keys: Optional[Array] = None
                         ) -> bool:
   """Whether a decode loop's token choice over these logits uses `rowsample`.
 
-  It does on a CPU backend with the library built, for float32 or bfloat16
-  logits, and for sampling (`row_keys` given) with threefry keys drawn as
-  jax.random draws them by default (`jax_threefry_partitionable`), whose
-  bits the kernel reproduces.
+  Args:
+    logits_dtype: the dtype of the logits the loop chooses from.
+    row_keys: the sampler's per-row PRNG keys (raw or typed); None for
+      greedy, which draws no random bits.
+
+  Returns:
+    True on a CPU backend with the library built, for float32 or bfloat16
+    logits, and, when sampling, for threefry keys whose Gumbel noise
+    jax.random draws as the kernel does (`jax_threefry_partitionable` on,
+    `jax_high_dynamic_range_gumbel` off: JAX's defaults).
   """
-  threefry = True
-  if row_keys is not None and jax.dtypes.issubdtype(row_keys.dtype,
-                                                    jax.dtypes.prng_key):
-    threefry = 'threefry' in str(jax.random.key_impl(row_keys))
-  elif row_keys is not None:
-    threefry = row_keys.shape[-1:] == (2,) and row_keys.dtype == jnp.uint32
-  return (threefry and jax.config.jax_threefry_partitionable and
-          jnp.dtype(logits_dtype) in rowmatmul.KERNEL_DTYPES and
+  if row_keys is not None:
+    if jax.dtypes.issubdtype(row_keys.dtype, jax.dtypes.prng_key):
+      threefry = 'threefry2x32' in str(jax.random.key_impl(row_keys))
+    else:
+      threefry = (row_keys.shape[-1:] == (2,) and
+                  row_keys.dtype == jnp.uint32 and
+                  jax.config.jax_default_prng_impl == 'threefry2x32')
+    if not (threefry and jax.config.jax_threefry_partitionable and
+            not jax.config.jax_high_dynamic_range_gumbel):
+      return False
+  return (jnp.dtype(logits_dtype) in rowmatmul.KERNEL_DTYPES and
           rowmatmul.available())
 
 

@@ -10,19 +10,20 @@ returns each row's token and log-probability.
 
 The noise uses jax.random's bits (threefry2x32, `fold_in(key, position)`,
 then the bits of index i as `jax.random.gumbel` draws them) and the kernel's
-own logarithms, within two ulps of XLA's; so its tokens are XLA's sampler's
-except where two perturbed logits lie that close. SPEED and sequential
+own logarithms and exponentials, within a few ulps of XLA's; so its tokens
+are XLA's sampler's except where two perturbed logits lie that close, or a
+probability lies within rounding of the top-p cut. SPEED and sequential
 sampling both use it where it runs (`t5x_speed.backend.sampler_kernel_runs`),
 so they sample identically.
 
 Example:
   >>> logits = jnp.log(jnp.array([[0.1, 0.2, 0.7]] * 2))
   >>> keys = jnp.zeros((2, 2), jnp.uint32)
-  >>> tokens, log_probs = sample(
+  >>> tokens, log_probs = sample(            # row 0 samples, row 1 is greedy
   ...     logits, keys, jnp.array([3, 3]), jnp.array([1.0, 0.0]),
-  ...     jnp.zeros(2), topk=0, rescale=True)
-  >>> int(tokens[0]) == int(tokens[1]) or int(tokens[1]) == 2   # T=0: argmax
-  True
+  ...     jnp.array([0.75, 0.0]), topk=0, rescale=True)
+  >>> int(tokens[0]) in (1, 2), int(tokens[1])  # top-p 0.75: ids 2, 1
+  (True, 2)
   >>> float(log_probs[1])           # a greedy row scores 0, as T5X's sampler
   0.0
 """
@@ -44,8 +45,8 @@ def sample(logits: Array, keys: Array, positions: Array, temperature: Array,
   """Samples one token per row of logits with position-keyed noise.
 
   Args:
-    logits: [rows, vocab] float32 or bfloat16.
-    keys: [rows, 2] uint32, each row's raw threefry key.
+    logits: [rows, vocab >= 1] float32 or bfloat16.
+    keys: [rows, 2] uint32 raw threefry keys, or [rows] typed threefry keys.
     positions: [rows] int, the position each row's token fills (folded into
       its key).
     temperature: [rows] float; at or below 1e-4 a row takes its argmax.
@@ -58,12 +59,19 @@ def sample(logits: Array, keys: Array, positions: Array, temperature: Array,
 
   Returns:
     (tokens [rows] int32, log_probs [rows] float32); a row with a NaN logit
-    gets its first NaN's id and a NaN log-probability.
+    gets its first NaN's id and a NaN log-probability (0 for a greedy row
+    with `rescale`, as XLA's sampler).
 
   Raises:
-    ValueError: on shapes that do not match, a negative `topk` or `threads`,
-      or where the kernel is not available (`rowmatmul.available`).
+    ValueError: on shapes that do not match, an empty vocabulary, a negative
+      `topk` or `threads`, a non-bool `rescale`, keys that are not threefry
+      keys, or where the kernel is not available (`rowmatmul.available`).
   """
+  if jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
+    if 'threefry2x32' not in str(jax.random.key_impl(keys)):
+      raise ValueError(f'keys must be threefry2x32 keys, got '
+                       f'{jax.random.key_impl(keys)}.')
+    keys = jax.random.key_data(keys)
   if (logits.ndim != 2 or keys.shape != (logits.shape[0], 2) or
       jnp.shape(positions) != logits.shape[:1] or
       jnp.shape(temperature) != logits.shape[:1] or
@@ -72,9 +80,14 @@ def sample(logits: Array, keys: Array, positions: Array, temperature: Array,
                      f'positions, temperature, topp [rows]; got '
                      f'{logits.shape}, {keys.shape}, {jnp.shape(positions)}, '
                      f'{jnp.shape(temperature)}, {jnp.shape(topp)}.')
+  if logits.shape[1] < 1:
+    raise ValueError(f'logits must have a vocabulary of at least 1 id, got '
+                     f'shape {logits.shape}.')
   if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or (
       topk < 0):
     raise ValueError(f'topk must be an integer >= 0, got {topk!r}.')
+  if not isinstance(rescale, (bool, np.bool_)):
+    raise ValueError(f'rescale must be a bool, got {rescale!r}.')
   rowmatmul.check_threads(threads)
   if logits.dtype not in rowmatmul.KERNEL_DTYPES or not rowmatmul.available():
     raise ValueError('the sampling kernel needs a CPU backend, the built '

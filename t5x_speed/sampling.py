@@ -139,9 +139,12 @@ class PositionKeyedSampler:
     return jnp.where(hot[:, None], sampled, greedy).astype(jnp.int32)
 
   def pick(self, logits: Array, positions: Array) -> Tuple[Array, Array]:
-    """`token_rules.TokenRule.pick`: tokens [rows, S] sampled from logits
-    [rows, S, vocab] at positions [rows, S], and the log-probability [rows]
-    of the last slot's token."""
+    """Samples tokens [rows, S] from logits [rows, S, vocab] at positions
+    [rows, S]; returns them and the last slot's log-probability [rows].
+
+    `token_rules.TokenRule.pick`, through `rowsample` or XLA's ops as
+    `use_kernel` says.
+    """
     use_kernel = self.use_kernel
     if use_kernel is None:
       use_kernel = backend.sampler_kernel_runs(logits.dtype, self.row_keys)
@@ -149,12 +152,9 @@ class PositionKeyedSampler:
       tokens = self.tokens(logits, positions)
       return tokens, self.log_prob(logits[:, -1], tokens[:, -1])
     rows, slots, vocab = logits.shape
-    keys = self.row_keys
-    if jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key):
-      keys = jax.random.key_data(keys)
     per_slot = lambda x: jnp.repeat(x, slots, 0)
     tokens, log_probs = rowsample.sample(
-        logits.reshape(rows * slots, vocab), per_slot(keys),
+        logits.reshape(rows * slots, vocab), per_slot(self.row_keys),
         positions.reshape(-1), per_slot(self.temperature),
         jnp.broadcast_to(jnp.where(self.use_topp, self.topp, 0.0),
                          (rows * slots,)),

@@ -1,11 +1,14 @@
 """The sampling kernel (t5x_speed.rowsample) against XLA's sampler.
 
-Both draw jax.random's bits; only their logarithms differ (in the last
-ulps), so their tokens must agree wherever XLA's two largest perturbed
-logits are not within a hair of each other, and their log-probabilities to
-float precision. Each case is one compiled program over many rows.
+Both draw jax.random's bits; only their logarithms and exponentials differ
+(in the last ulps), so their tokens must agree wherever XLA's two largest
+perturbed logits are not within a hair of each other and no probability
+lies within rounding of the top-p cut (none does in these fixed cases), and
+their log-probabilities to float precision. Each case is one compiled
+program over many rows.
 """
 
+import contextlib
 import doctest
 import functools
 
@@ -15,11 +18,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import backend
 from t5x_speed import rowmatmul
 from t5x_speed import rowsample
 from t5x_speed import sampling
 
 ROWS, SLOTS = 48, 3
+
+
+@contextlib.contextmanager
+def _config(name, value):
+  old = getattr(jax.config, name)
+  jax.config.update(name, value)
+  try:
+    yield
+  finally:
+    jax.config.update(name, old)
 # XLA's top-two perturbed logits closer than this may order either way.
 NEAR_TIE = 1e-4
 
@@ -118,21 +132,47 @@ class RowSampleTest(parameterized.TestCase):
       np.testing.assert_array_equal(together[1][i], alone[j][1][0])
 
   def test_hand_computed(self):
-    logits = jnp.log(jnp.array([[0.1, 0.2, 0.7, 1e-9]] * 3))
-    logits = logits.at[2, 1].set(jnp.nan)
+    logits = jnp.log(jnp.array([[0.1, 0.2, 0.7, 1e-9]] * 4))
+    logits = logits.at[2:, 1].set(jnp.nan)
     tokens, log_probs = rowsample.sample(
-        logits, jnp.zeros((3, 2), jnp.uint32), jnp.zeros(3, jnp.int32),
-        jnp.array([0.0, 1.0, 1.0]), jnp.array([0.0, 0.6, 0.0]), topk=0,
-        rescale=True)
+        logits, jnp.zeros((4, 2), jnp.uint32), jnp.zeros(4, jnp.int32),
+        jnp.array([0.0, 1.0, 1.0, 0.0]), jnp.array([0.0, 0.6, 0.0, 0.0]),
+        topk=0, rescale=True)
     # Argmax row: id 2, scored 0 (T5X); top-p 0.6 keeps only id 2 (0.7 >=
-    # 0.6): log-probability 0 under the filtered distribution; a NaN row.
-    self.assertEqual(tokens.tolist(), [2, 2, 1])
-    np.testing.assert_allclose(log_probs[:2], [0.0, 0.0], atol=1e-6)
+    # 0.6): log-probability 0 under the filtered distribution; NaN rows take
+    # the first NaN, scored NaN (0 for the greedy row, as XLA's sampler).
+    self.assertEqual(tokens.tolist(), [2, 2, 1, 1])
+    np.testing.assert_allclose(np.asarray(log_probs)[[0, 1, 3]], [0.0] * 3,
+                               atol=1e-6)
     self.assertTrue(np.isnan(log_probs[2]))
     _, unscaled = rowsample.sample(
         logits[:1], jnp.zeros((1, 2), jnp.uint32), jnp.zeros(1, jnp.int32),
         jnp.zeros(1), jnp.zeros(1), topk=0, rescale=False)
     np.testing.assert_allclose(unscaled, [np.log(0.7)], rtol=1e-5)
+
+  def test_typed_keys_sample_as_raw_keys(self):
+    logits, keys, positions, temperature = _case(50, 2, jnp.float32)
+    logits, positions = logits[:, 0], positions[:, 0]
+    typed = jax.random.wrap_key_data(keys, impl='threefry2x32')
+    args = (positions, temperature, jnp.full(ROWS, 0.9))
+    for a, b in zip(rowsample.sample(logits, typed, *args, topk=0,
+                                     rescale=True),
+                    rowsample.sample(logits, keys, *args, topk=0,
+                                     rescale=True)):
+      np.testing.assert_array_equal(a, b)
+
+  def test_kernel_only_where_its_noise_is_jax_randoms(self):
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    self.assertTrue(backend.sampler_kernel_runs(jnp.float32, keys))
+    self.assertTrue(backend.sampler_kernel_runs(jnp.bfloat16))  # greedy
+    self.assertFalse(backend.sampler_kernel_runs(jnp.float16))
+    self.assertFalse(backend.sampler_kernel_runs(
+        jnp.float32, jax.random.split(jax.random.key(0, impl='rbg'), 2)))
+    with _config('jax_high_dynamic_range_gumbel', True):
+      self.assertFalse(backend.sampler_kernel_runs(jnp.float32, keys))
+      self.assertTrue(backend.sampler_kernel_runs(jnp.float32))
+    with _config('jax_threefry_partitionable', False):
+      self.assertFalse(backend.sampler_kernel_runs(jnp.float32, keys))
 
   def test_bad_arguments_raise(self):
     logits = jnp.zeros((2, 5))
@@ -144,6 +184,10 @@ class RowSampleTest(parameterized.TestCase):
       rowsample.sample(logits, *args, topk=-1, rescale=True)
     with self.assertRaisesRegex(ValueError, 'threads'):
       rowsample.sample(logits, *args, topk=0, rescale=True, threads=-1)
+    with self.assertRaisesRegex(ValueError, 'rescale'):
+      rowsample.sample(logits, *args, topk=0, rescale=1)
+    with self.assertRaisesRegex(ValueError, 'vocabulary'):
+      rowsample.sample(jnp.zeros((2, 0)), *args, topk=0, rescale=True)
 
   def test_docstring_example(self):
     result = doctest.testmod(rowsample)

@@ -1,4 +1,5 @@
-// Threads of the kernels' FFI handlers (rowmatmul.cc, row_attention.cc).
+// Threads of the kernels' FFI handlers (rowmatmul.cc, row_attention.cc,
+// row_sample.cc).
 //
 // A call's work is cut into chunks claimed from an atomic counter by the
 // calling thread and by helpers scheduled on XLA's intra-op thread pool. The

@@ -18,21 +18,23 @@
 // a float32), where g_i = -log(-log(u_i)) and u_i is jax.random.uniform's
 // float from the 32 bits jax.random.bits draws at index i with the key
 // fold_in(keys[r], positions[r]) (threefry2x32, jax_threefry_partitionable).
-// So the bits are jax.random's; the logarithms are this file's polynomials
-// (within two ulps of the exact values), so a token can differ from XLA's
-// only where two perturbed logits lie that close. A row with a NaN logit
-// gets the first NaN's id and a NaN log-probability.
+// So the bits are jax.random's; the logarithms and exponentials are this
+// file's polynomials (within a few ulps of the exact values), so a token can
+// differ from XLA's only where two perturbed logits lie that close, or a
+// probability lies within rounding of the top-p cut. A row with a NaN logit
+// gets the first NaN's id and a NaN log-probability (0 for a greedy row
+// with `rescale`, as XLA's sampler).
 //
 // Every row runs one fixed sequence of operations (16 accumulator lanes
 // whatever the vector width), so a row's token does not depend on the other
-// rows of the call, on `threads`, or on the instruction set.
+// rows of the call or on `threads`.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
-#include <string>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -69,8 +71,6 @@ inline F Load(const float* p) {
 inline void Store(float* p, F v) { std::memcpy(p, &v, sizeof v); }
 
 inline F Splat(float x) { return F{} + x; }
-
-inline U RotL(U x, int r) { return (x << r) | (x >> (32 - r)); }
 
 // The threefry2x32 block cipher (20 rounds), as jax.random's primitive.
 template <typename V>
@@ -185,10 +185,9 @@ inline int64_t ArgMax(const float* x, int64_t n, float* max) {
   return first;
 }
 
-// log_softmax(x)[token] of a NaN-free padded row.
-inline float LogSoftmaxAt(const float* x, int64_t n, int64_t token) {
-  float top;
-  ArgMax(x, n, &top);
+// log_softmax(x)[token] of a NaN-free padded row whose maximum is `top`.
+inline float LogSoftmaxAt(const float* x, int64_t n, int64_t token,
+                          float top) {
   const float sum = BlockSum(n, [&](int64_t i) {
     return Exp(Load(x + i) - top);
   });
@@ -221,7 +220,7 @@ inline int64_t Compact(const float* p, int64_t n, float lo, float hi,
 // mass(t) = sum of the p[i] >= t. The top-p cut is the largest float t with
 // mass(t) >= topp, found by bisection over the 31 bits of a non-negative
 // float32: first its exponent over the whole row, then its mantissa over
-// the row's elements in that binade (c: scratch of n + kLanes floats), the
+// the row's elements in that binade (c: scratch of n floats), the
 // larger ones' mass added as one term.
 float TopPCut(const float* p, int64_t n, float topp, float* c) {
   auto as_float = [](uint32_t bits) {
@@ -274,16 +273,17 @@ RowResult SampleRow(const float* x, float* s, float* p, float* c, int64_t n,
     return v != v ? Splat(1.0f) : Splat(0.0f);
   });
   if (any_nan > 0.0f) {
+    const bool scored_zero = rescale && !(temperature > kMinTemperature);
     return {static_cast<int32_t>(
                 std::find_if(x, x + valid, [](float v) { return v != v; }) -
                 x),
-            std::numeric_limits<float>::quiet_NaN()};
+            scored_zero ? 0.0f : std::numeric_limits<float>::quiet_NaN()};
   }
   float top;
   if (!(temperature > kMinTemperature)) {
     const int64_t token = ArgMax(x, n, &top);
     return {static_cast<int32_t>(token),
-            rescale ? 0.0f : LogSoftmaxAt(x, n, token)};
+            rescale ? 0.0f : LogSoftmaxAt(x, n, token, top)};
   }
   for (int64_t i = 0; i < n; i += kLanes) {
     Store(s + i, Load(x + i) / temperature);
@@ -326,8 +326,10 @@ RowResult SampleRow(const float* x, float* s, float* p, float* c, int64_t n,
   }
   float best;
   const int64_t token = ArgMax(p, n, &best);
+  float x_top;
+  if (!rescale) ArgMax(x, n, &x_top);
   const float log_prob = rescale ? s[token] - top - log_kept
-                                 : LogSoftmaxAt(x, n, token);
+                                 : LogSoftmaxAt(x, n, token, x_top);
   return {static_cast<int32_t>(token), log_prob};
 }
 
