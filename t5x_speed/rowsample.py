@@ -104,3 +104,28 @@ def sample(logits: Array, keys: Array, positions: Array, temperature: Array,
       jnp.asarray(temperature, jnp.float32), jnp.asarray(topp, jnp.float32),
       topk=np.int64(topk), rescale=np.int64(bool(rescale)),
       threads=np.int64(threads)))
+
+
+def pick(logits: Array, keys: Array, positions: Array, temperature: Array,
+         topp: Array, *, topk: int, rescale: bool) -> tuple:
+  """`sample` for a decode loop's S slots per row (`token_rules.TokenRule`).
+
+  Args:
+    logits: [rows, S, vocab]: S tokens per row (1 sequentially, R in SPEED's
+      pipeline).
+    keys, temperature, topp: per row, as `sample` takes them per row; every
+      slot of a row uses its row's.
+    positions: [rows, S], the position each slot's token fills.
+    topk, rescale: as `sample`.
+
+  Returns:
+    (tokens [rows, S] int32, the last slot's log-probability [rows]: the
+    token a loop commits).
+  """
+  rows, slots, vocab = logits.shape
+  per_slot = lambda x: jnp.repeat(x, slots, 0)
+  tokens, log_probs = sample(
+      logits.reshape(rows * slots, vocab), per_slot(keys),
+      positions.reshape(-1), per_slot(temperature), per_slot(topp),
+      topk=topk, rescale=rescale)
+  return tokens.reshape(rows, slots), log_probs.reshape(rows, slots)[:, -1]

@@ -93,7 +93,8 @@ class PositionKeyedSampler:
       (T5X's default; 0 for greedy rows) instead of the model's.
     use_kernel: sample with `t5x_speed.rowsample`'s kernel (True), XLA's ops
       (False), or as `backend.sampler_kernel_runs` decides (None). The two
-      draw the same bits; their logarithms differ in the last ulps.
+      draw the same bits; their logarithms and exponentials differ in the
+      last ulps.
   """
 
   row_keys: Array
@@ -151,16 +152,11 @@ class PositionKeyedSampler:
     if not use_kernel:
       tokens = self.tokens(logits, positions)
       return tokens, self.log_prob(logits[:, -1], tokens[:, -1])
-    rows, slots, vocab = logits.shape
-    per_slot = lambda x: jnp.repeat(x, slots, 0)
-    tokens, log_probs = rowsample.sample(
-        logits.reshape(rows * slots, vocab), per_slot(self.row_keys),
-        positions.reshape(-1), per_slot(self.temperature),
+    return rowsample.pick(
+        logits, self.row_keys, positions, self.temperature,
         jnp.broadcast_to(jnp.where(self.use_topp, self.topp, 0.0),
-                         (rows * slots,)),
+                         self.temperature.shape),
         topk=self.topk, rescale=self.rescale_log_probs)
-    return (tokens.reshape(rows, slots),
-            log_probs.reshape(rows, slots)[:, -1])
 
   def log_prob(self, logits: Array, tokens: Array) -> Array:
     """Log-probability [rows] of `tokens` [rows] under logits [rows, vocab]."""

@@ -60,7 +60,7 @@ class _Argmax:
   """Greedy: the most likely token, scored by its log-probability.
 
   On CPU with the kernel built (`backend.sampler_kernel_runs`), one
-  `rowsample.sample` call at temperature 0 finds the argmax and the score
+  `rowsample.pick` call at temperature 0 finds the argmax and the score
   (the same first maximum; the log-softmax within float rounding of XLA's)
   instead of XLA's passes over every slot's logits.
   """
@@ -69,14 +69,10 @@ class _Argmax:
     if not backend.sampler_kernel_runs(logits.dtype):
       tokens = argmax(logits)
       return tokens, token_log_prob(logits[:, -1], tokens[:, -1])
-    rows, slots, vocab = logits.shape
-    zeros = jnp.zeros((rows * slots,), jnp.float32)
-    tokens, log_probs = rowsample.sample(
-        logits.reshape(rows * slots, vocab),
-        jnp.zeros((rows * slots, 2), jnp.uint32),
-        positions.reshape(-1), zeros, zeros, topk=0, rescale=False)
-    return (tokens.reshape(rows, slots),
-            log_probs.reshape(rows, slots)[:, -1])
+    rows = logits.shape[0]
+    zeros = jnp.zeros((rows,), jnp.float32)
+    return rowsample.pick(logits, jnp.zeros((rows, 2), jnp.uint32), positions,
+                          zeros, zeros, topk=0, rescale=False)
 
 
 ARGMAX = _Argmax()

@@ -52,7 +52,7 @@ using namespace t5x_speed_kernels;  // NOLINT(build/namespaces)
 
 // Every pass runs on vectors of kLanes floats (GCC's vector extensions:
 // one AVX-512 register, two AVX2 ones, or scalar code), so a row's
-// arithmetic is the same on every instruction set.
+// reductions keep one lane order whatever the vector width.
 constexpr int64_t kLanes = 16;
 typedef float F __attribute__((vector_size(4 * kLanes)));
 typedef uint32_t U __attribute__((vector_size(4 * kLanes)));
@@ -347,7 +347,10 @@ void SampleRows(ffi::ThreadPool& pool, const T* logits, const uint32_t* keys,
                 const float* topp, int32_t* tokens, float* log_probs,
                 int64_t rows, int64_t n, int64_t topk, bool rescale,
                 int max_threads) {
-  const int threads = ThreadsFor(pool, rows * n * 4 * 8, max_threads);
+  // A row is read in about this many passes over its floats.
+  constexpr int64_t kPasses = 8;
+  const int64_t bytes = rows * n * static_cast<int64_t>(sizeof(float));
+  const int threads = ThreadsFor(pool, bytes * kPasses, max_threads);
   const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
   ParallelFor(pool, rows, threads, [&](int64_t r) {
     thread_local std::vector<float> scratch;
