@@ -29,8 +29,8 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
+#include "aligned_buffer.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
@@ -278,7 +278,7 @@ void KnChunk(const float* x, int64_t ldx, const W* w, float* out, int64_t M,
   const int64_t full = (width - paired) / kLanes * kLanes;
   const int tail = static_cast<int>(width - paired - full);
   const int64_t stride = paired + full + (tail > 0 ? kLanes : 0);
-  thread_local std::vector<float> scratch;
+  thread_local AlignedVector<float> scratch;
   scratch.assign(static_cast<size_t>(M * stride), 0.0f);
   float* acc = scratch.data();
   const W* wc = w + n0;

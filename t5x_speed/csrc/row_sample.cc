@@ -41,6 +41,7 @@
 #include <immintrin.h>
 #endif
 
+#include "aligned_buffer.h"
 #include "ffi_threads.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -353,7 +354,7 @@ void SampleRows(ffi::ThreadPool& pool, const T* logits, const uint32_t* keys,
   const int threads = ThreadsFor(pool, bytes * kPasses, max_threads);
   const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
   ParallelFor(pool, rows, threads, [&](int64_t r) {
-    thread_local std::vector<float> scratch;
+    thread_local AlignedVector<float> scratch;
     scratch.resize(static_cast<size_t>(4 * padded));
     float* x = scratch.data();
     for (int64_t i = 0; i < n; ++i) x[i] = ToFloat(logits[r * n + i]);

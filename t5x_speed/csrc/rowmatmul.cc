@@ -138,7 +138,7 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const int64_t block = paired ? kPair : kLanes;
   const int64_t Kp = transposed ? (K + block - 1) / block * block : K;
   const int64_t rows = operands[0].batch.x_count * M;
-  std::vector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
+  AlignedVector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
   const bool x32 = x.element_type() == ffi::DataType::F32;
   const float* xs32 = static_cast<const float*>(x.untyped_data());
   const uint16_t* xs16 = static_cast<const uint16_t*>(x.untyped_data());
@@ -178,7 +178,7 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const int64_t width = std::max<int64_t>(kLanes, 8192 / M / kLanes * kLanes);
   int64_t floats = 0;
   for (const Operand& o : operands) floats += o.batch.count * slices * M * o.N;
-  std::vector<float> partials(static_cast<size_t>(floats));
+  AlignedVector<float> partials(static_cast<size_t>(floats));
   std::vector<Task<W, float>> tasks;
   struct Sum {
     float* partials;
