@@ -143,8 +143,11 @@ def _generate(module, params, prompts, prompt_lengths, temperature, topp,
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional, encoder_input_tokens)
   decode_fn = DECODE_FNS[method]
-  method_args = dict(decode_rng=rng, temperature=temperature, topk=topk,
-                     topp=topp) if method in SAMPLING_METHODS else {}
+  method_args = {}
+  if method in SAMPLING_METHODS:
+    method_args = dict(
+        decode_rng=jax.random.PRNGKey(0) if rng is None else rng,
+        temperature=temperature, topk=topk, topp=topp)
   if steps.uses_pipeline(decode_fn):
     method_args['max_speculative_rows'] = max_speculative_rows
   result = decoding.decode(
@@ -313,16 +316,21 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
     check_finite(params)
   if record_schedule and not steps.uses_pipeline(DECODE_FNS[method]):
     raise ValueError(f'record_schedule needs a SPEED method, got {method!r}.')
-  topp = 0.0 if topp is None else topp
-  temperature, topk, _ = sampling.check_settings(
-      'generate', 1, 1.0 if temperature is None else temperature,
-      0 if topk is None else topk, topp)
-  rng = jax.random.PRNGKey(0) if rng is None else rng
-  return _generate(module, params, jnp.asarray(prompts, jnp.int32),
-                   jnp.asarray(prompt_lengths, jnp.int32), temperature[0],
-                   jnp.asarray(topp, jnp.float32), rng,
-                   (None if encoder_input_tokens is None else
-                    jnp.asarray(encoder_input_tokens, jnp.int32)),
+  if method in SAMPLING_METHODS:
+    topp = 0.0 if topp is None else topp
+    temperature, topk, _ = sampling.check_settings(
+        'generate', 1, 1.0 if temperature is None else temperature,
+        0 if topk is None else topk, topp)
+    temperature, topp = temperature[0], jnp.asarray(topp, jnp.float32)
+  else:  # A greedy method takes no sampling argument (refused above).
+    temperature = topp = rng = None
+    topk = 0
+  # NumPy inputs go to the jitted call as they are: a jnp conversion here
+  # would be one more dispatch per array, on every call.
+  return _generate(module, params, np.asarray(prompts, np.int32),
+                   np.asarray(prompt_lengths, np.int32), temperature, topp,
+                   rng, (None if encoder_input_tokens is None else
+                         np.asarray(encoder_input_tokens, np.int32)),
                    max_decode_steps=max_decode_steps, method=method, topk=topk,
                    eos_id=operator.index(eos_id), bidirectional=bidirectional,
                    record_schedule=record_schedule,
