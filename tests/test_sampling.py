@@ -271,6 +271,14 @@ class GenerateTest(absltest.TestCase):
                                method='sample',
                                **{**kwargs, 'rng': jax.random.key(5)})
     np.testing.assert_array_equal(typed.tokens, sequential.tokens)
+    # No rng draws what PRNGKey(0) draws.
+    default, zero = (inference.generate(module, params, prompts, lengths,
+                                        method='sample',
+                                        **{**kwargs, 'rng': rng})
+                     for rng in (None, jax.random.PRNGKey(0)))
+    np.testing.assert_array_equal(default.tokens, zero.tokens)
+    np.testing.assert_array_equal(default.scores, zero.scores)
+    self.assertFalse(np.array_equal(default.tokens, sequential.tokens))
     self.assertEqual(np.asarray(speed.stats.num_tokens).tolist(), [8, 8])
     self.assertGreater(int(speed.schedule.num_steps), 8)
     self.assertIsNone(sequential.stats)
