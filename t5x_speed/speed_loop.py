@@ -14,6 +14,7 @@ and at that size a full-depth step per token is faster (see
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax
@@ -238,7 +239,6 @@ def pipelined_loop(inputs: Array, cache: Any,
   batch, length = inputs.shape
   initial_index, max_len = checked.initial_index, checked.max_len
   sequences, token0 = sequential_loop.first_tokens(inputs, initial_index)
-  rows = jnp.arange(batch)
   stage_ids = jnp.arange(stages)
   # A committed token takes at most R steps (a flush restarts its successor
   # with the final prediction), and at most `length` tokens are committed.
@@ -261,19 +261,31 @@ def pipelined_loop(inputs: Array, cache: Any,
                                       (commit_at >= max_len)))
 
     # Successors are found by position: flushes leave gaps between stages.
-    # is_succ[b, r, s]: stage s holds the successor of stage r's token.
-    is_succ = valid[:, None, :] & (pos[:, None, :] == pos[:, :, None] + 1)
-    succ_token = jnp.sum(jnp.where(is_succ, tok[:, None, :], 0), -1)
-    mismatch = valid & jnp.any(is_succ, -1) & (succ_token != preds)
+    # The stage axis is short (R), so its reductions are written as R
+    # elementwise terms: XLA then fuses them with their consumers instead of
+    # running each reduction as an op of its own every step.
+    stage = lambda x: [x[:, s] for s in range(stages)]
+    succ_any = jnp.zeros_like(valid)
+    succ_token = jnp.zeros_like(tok)
+    for p_s, t_s, v_s in zip(stage(pos), stage(tok), stage(valid)):
+      here = v_s[:, None] & (p_s[:, None] == pos + 1)             # [B, R]
+      succ_any = succ_any | here
+      succ_token = jnp.where(here, t_s[:, None], succ_token)
+    mismatch = valid & succ_any & (succ_token != preds)
     # The oldest (lowest-position) mismatch wins; later tokens are flushed.
-    cut = jnp.min(jnp.where(mismatch, pos, length + 1), -1)       # [B]
+    cut = functools.reduce(jnp.minimum, stage(
+        jnp.where(mismatch, pos, length + 1)))                    # [B]
     survive = valid & (pos <= cut[:, None]) & ~ended[:, None]
     flushed_by = mismatch & (pos == cut[:, None]) & ~ended[:, None]
 
     # The newest survivor's prediction enters stage 0, if within the limit.
-    newest = jnp.argmax(jnp.where(survive, pos, -1), -1)          # [B]
-    new_pos = pos[rows, newest] + 1
-    enters = jnp.any(survive, -1) & (new_pos < max_len)
+    newest_pos = functools.reduce(jnp.maximum, stage(
+        jnp.where(survive, pos, -1)))                             # [B]
+    newest_pred = preds[:, 0]
+    for p_s, s_s, t_s in zip(stage(pos), stage(survive), stage(preds)):
+      newest_pred = jnp.where(s_s & (p_s == newest_pos), t_s, newest_pred)
+    new_pos = newest_pos + 1
+    enters = (newest_pos >= 0) & (new_pos < max_len)
 
     # Survivors advance one stage; the last stage's token has left.
     shift = lambda first, x: jnp.concatenate([first[:, None], x[:, :-1]], 1)
@@ -282,7 +294,7 @@ def pipelined_loop(inputs: Array, cache: Any,
     stats = SpeedStats(
         num_steps=stats.num_steps + live,
         num_tokens=stats.num_tokens + commits,
-        occupied_slots=stats.occupied_slots + valid.sum(-1),
+        occupied_slots=stats.occupied_slots + sum(stage(valid)),
         flushes=stats.flushes + flushed_by,
         stage_evaluations=stats.stage_evaluations + valid,
         stage_flips=stats.stage_flips + (
@@ -302,8 +314,8 @@ def pipelined_loop(inputs: Array, cache: Any,
     return SpeedState(
         stage_positions=shift(jnp.where(enters, new_pos, -1),
                               jnp.where(survive, pos, -1)),
-        stage_tokens=shift(preds[rows, newest], tok),
-        stage_last_preds=shift(jnp.zeros_like(newest), preds),
+        stage_tokens=shift(newest_pred, tok),
+        stage_last_preds=shift(jnp.zeros_like(newest_pos), preds),
         carry=hidden[:, :-1],
         sequences=sequential_loop.write(state.sequences, commit_at,
                                         committed, commits),
