@@ -157,7 +157,10 @@ class SpeedState:
     ended: [B] bool.
     log_prob: [B] final-stage log-probabilities of the committed tokens.
     cache: the model's cache.
-    stats: `SpeedStats`.
+    num_steps: [B] loop steps taken while the example was live.
+    stage_counts: [B, 3, R] per stage: tokens run, flushes triggered and
+      flips (`SpeedStats`' stage_evaluations, flushes and stage_flips, kept
+      in one array so that one op per step updates them).
     schedule: `SpeedSchedule`, or None when not recorded.
     step: [] loop steps taken (the loop stops at R * (length + 1)).
   """
@@ -170,7 +173,8 @@ class SpeedState:
   ended: Array
   log_prob: Array
   cache: Any
-  stats: SpeedStats
+  num_steps: Array
+  stage_counts: Array
   schedule: Optional[SpeedSchedule]
   step: Array
 
@@ -227,12 +231,12 @@ def pipelined_loop(inputs: Array, cache: Any,
                    pipeline_step_fn: PipelineStepFn, stages: int,
                    initial_carry: Array, checked: decode_args.Checked,
                    rule: token_rules.TokenRule, record_schedule: bool = False
-                   ) -> Tuple[SpeedState, Array]:
+                   ) -> Tuple[SpeedState, SpeedStats, Array]:
   """SPEED's loop (`decoding.speed_decode`), each stage's token chosen by
   `rule`.
 
   Returns:
-    (the final `SpeedState`, its `stats.invalid` filled in; scores [batch]:
+    (the final `SpeedState`; its `SpeedStats`; scores [batch]:
     the summed final-stage log-probabilities of the committed tokens as
     `rule.pick` gives them, NaN for an invalid example).
   """
@@ -287,20 +291,8 @@ def pipelined_loop(inputs: Array, cache: Any,
     new_pos = newest_pos + 1
     enters = (newest_pos >= 0) & (new_pos < max_len)
 
-    # Survivors advance one stage; the last stage's token has left.
-    shift = lambda first, x: jnp.concatenate([first[:, None], x[:, :-1]], 1)
-    stats = state.stats
-    live = ~state.ended
-    stats = SpeedStats(
-        num_steps=stats.num_steps + live,
-        num_tokens=stats.num_tokens + commits,
-        occupied_slots=stats.occupied_slots + sum(stage(valid)),
-        flushes=stats.flushes + flushed_by,
-        stage_evaluations=stats.stage_evaluations + valid,
-        stage_flips=stats.stage_flips + (
-            valid & (stage_ids > 0) & (preds != state.stage_last_preds)),
-        invalid=stats.invalid,
-        pipelined=stats.pipelined)
+    flips = valid & (stage_ids > 0) & (preds != state.stage_last_preds)
+    counts = jnp.stack([valid, flushed_by, flips], 1).astype(jnp.int32)
     schedule = state.schedule
     if schedule is not None:
       step = jnp.minimum(schedule.num_steps, max_steps - 1)
@@ -311,6 +303,8 @@ def pipelined_loop(inputs: Array, cache: Any,
           predictions=record(schedule.predictions, preds),
           flushes=record(schedule.flushes, flushed_by),
           num_steps=schedule.num_steps + 1)
+    # Survivors advance one stage; the last stage's token has left.
+    shift = lambda first, x: jnp.concatenate([first[:, None], x[:, :-1]], 1)
     return SpeedState(
         stage_positions=shift(jnp.where(enters, new_pos, -1),
                               jnp.where(survive, pos, -1)),
@@ -323,7 +317,8 @@ def pipelined_loop(inputs: Array, cache: Any,
         log_prob=state.log_prob + jnp.where(
             commits, last_log_prob, 0.0),
         cache=cache,
-        stats=stats,
+        num_steps=state.num_steps + ~state.ended,
+        stage_counts=state.stage_counts + counts,
         schedule=schedule,
         step=state.step + 1)
 
@@ -343,12 +338,19 @@ def pipelined_loop(inputs: Array, cache: Any,
       ended=checked.done,
       log_prob=jnp.zeros((batch,), jnp.float32),
       cache=cache,
-      stats=SpeedStats.zeros(batch, stages),
+      num_steps=jnp.zeros((batch,), jnp.int32),
+      stage_counts=jnp.zeros((batch, 3, stages), jnp.int32),
       schedule=schedule,
       step=jnp.zeros((), jnp.int32)))
   invalid = _invalid_flags(checked, final.ended)
-  return (final.replace(stats=final.stats.replace(invalid=invalid)),
-          jnp.where(invalid != 0, jnp.nan, final.log_prob))
+  evaluations, flushes, flips = (final.stage_counts[:, i] for i in range(3))
+  # A token commits exactly when it runs at the last stage.
+  stats = SpeedStats(
+      num_steps=final.num_steps, num_tokens=evaluations[:, -1],
+      occupied_slots=evaluations.sum(-1), flushes=flushes,
+      stage_evaluations=evaluations, stage_flips=flips, invalid=invalid,
+      pipelined=jnp.ones((batch,), jnp.int32))
+  return final, stats, jnp.where(invalid != 0, jnp.nan, final.log_prob)
 
 
 def _invalid_flags(checked: decode_args.Checked, ended: Array) -> Array:
@@ -388,10 +390,10 @@ def speed_or_sequential(
   rows = inputs.shape[0] * stages
   if speculates(rows, max_speculative_rows, tokens_to_logits,
                 record_schedule):
-    final, scores = pipelined_loop(inputs, cache, pipeline_step_fn, stages,
-                                   initial_carry, checked, rule,
-                                   record_schedule)
-    return final.sequences, scores, final.stats, final.schedule
+    final, stats, scores = pipelined_loop(
+        inputs, cache, pipeline_step_fn, stages, initial_carry, checked, rule,
+        record_schedule)
+    return final.sequences, scores, stats, final.schedule
   final, scores = sequential_loop.sequential_loop(
       inputs, cache, tokens_to_logits, checked, rule)
   produced = final.cur_index - checked.initial_index  # 0 where done
