@@ -145,7 +145,10 @@ def load_or_train(settings: DemoSettings, out_dir: str, retrain: bool = False,
       jnp.ones((1, 4), jnp.int32), enable_dropout=False)['params'])
   if not retrain and os.path.exists(path) and os.path.exists(meta_path):
     with open(path, 'rb') as f:
-      params = flax.serialization.from_bytes(template, f.read())
+      # On the device once: NumPy leaves would be copied there on every
+      # decode call.
+      params = jax.device_put(flax.serialization.from_bytes(template,
+                                                            f.read()))
     with open(meta_path) as f:
       meta = json.load(f)
     log(f'Loaded the trained model from {path} (trained before with the '
