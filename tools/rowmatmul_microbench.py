@@ -8,6 +8,12 @@ read transposed in place) at 1 to 48 rows, in float32 and bfloat16, with
 `rowmatmul.matmul` (the kernel where it is built) and with `force_xla=True`
 (XLA's dot). Prints the kernel's instruction set, then per case both times
 (best of 15) and the weight bytes the kernel reads per second.
+
+Then the decode step's attention (`rowattention.attention`, against its
+XLA reference): 12 calls in a chain, as one token's 12 layers, each of
+1 x 3 and 4 x 3 slots (batch x R) with T5-Base's 12 heads of 64 over a
+512-position cache of which the first 128 are visible; the rate is of the
+visible keys and values read.
 """
 
 import functools
@@ -15,12 +21,15 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from t5x_speed import rowattention
 from t5x_speed import rowmatmul
 from tools import common
 
 WIDTH, MLP, VOCAB = 768, 2048, 32128
 ROWS = (1, 2, 3, 4, 12, 48)
 CLASSIFIER_ROWS = (1, 3, 12)
+HEADS, HEAD_DIM, CACHE, VISIBLE, STAGES = 12, 64, 512, 128, 3
+ATTENTION_BATCH = (1, 4)
 
 
 def _chain(x, weights, force_xla: bool):
@@ -37,6 +46,16 @@ def _chain(x, weights, force_xla: bool):
 
 def _classifier(x, table, force_xla: bool):
   return rowmatmul.matmul(x, table, transpose_w=True, force_xla=force_xla)
+
+
+def _attention(query, cache, force_xla: bool):
+  """12 attention calls in a chain, each slot over its stage's cache."""
+  keys, values, bias = cache
+  for _ in range(12):
+    query = rowattention.attention(query, keys, values, bias,
+                                   stages=tuple(range(STAGES)),
+                                   force_xla=force_xla)
+  return query
 
 
 def _compare(fn, x, w, nbytes: int) -> str:
@@ -66,6 +85,16 @@ def main():
       x = jnp.ones((rows, WIDTH), dtype)
       print(jnp.dtype(dtype).name, 'classifier', rows,
             _compare(_classifier, x, table, table.nbytes))
+    for batch in ATTENTION_BATCH:
+      cache_shape = (STAGES, batch, HEADS, CACHE, HEAD_DIM)
+      keys, values = (jax.random.normal(jax.random.fold_in(key, i),
+                                        cache_shape, dtype) for i in (1, 2))
+      bias = jnp.where(jnp.arange(CACHE) < VISIBLE, 0.0, -1e10).astype(
+          dtype) * jnp.ones((batch, STAGES, HEADS, 1), dtype)
+      query = jax.random.normal(key, (batch, STAGES, HEADS, HEAD_DIM), dtype)
+      nbytes = 12 * 2 * keys.nbytes * VISIBLE // CACHE
+      print(jnp.dtype(dtype).name, f'attention {batch}x{STAGES} slots',
+            _compare(_attention, query, (keys, values, bias), nbytes))
 
 
 if __name__ == '__main__':
