@@ -24,6 +24,7 @@ from tools import bench_report
 from tools import common
 from tools import decode_profile
 from tools import demo_model
+from tools import loop_ops
 from tools import replay
 from tools import sample_bench
 import helpers
@@ -337,6 +338,42 @@ class DecodeProfileTest(absltest.TestCase):
         ('3 x 64 x 50 f32', 64 * 50 * 4),
         ('attention: 12 rows x 9 keys f32', 0), ('embedding rows', 0),
         ('token choice: 3 rows x 64 ids f32', 0)])
+
+
+class LoopOpsTest(absltest.TestCase):
+
+  def test_counts_the_loop_body_by_opcode(self):
+    hlo = """HloModule m
+%body (p: (s32[], f32[2])) -> (s32[], f32[2]) {
+  %p = (s32[], f32[2]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %a = (f32[2]{0}, s32[2]{0}) custom-call(%i), custom_call_target="k"
+  %b = f32[2]{0} fusion(%i), kind=kLoop, calls=%f
+  %c = f32[2]{0} copy(%b)
+  %d = f32[2]{0} bitcast(%c)
+  ROOT %t = (s32[], f32[2]{0}) tuple(%i, %d)
+}
+ENTRY %main () -> (s32[], f32[2]) {
+  %init = (s32[], f32[2]{0}) parameter(0)
+  ROOT %w = (s32[], f32[2]{0}) while(%init), condition=%cond, body=%body
+}
+"""
+    self.assertEqual(loop_ops.loop_body_ops(hlo),
+                     {'custom-call': 1, 'fusion': 1, 'copy': 1})
+    with self.assertRaisesRegex(ValueError, 'no while loop'):
+      loop_ops.loop_body_ops('ENTRY %main () -> f32[] {\n}\n')
+
+  def test_demo_shape_kernel_calls_per_step(self):
+    ops = loop_ops.count('2x3', 64)
+    # Per layer: q/k/v, attention, out, MLP inputs, MLP output; per step:
+    # embedding rows, classifier, token choice. Greedy runs 6 layers a step,
+    # SPEED and the 2-layer model 2.
+    calls = (lambda layers: 5 * layers + 3) if rowmatmul.available() else (
+        lambda layers: 0)
+    self.assertEqual(ops['greedy'].get('custom-call', 0), calls(6))
+    self.assertEqual(ops['speed'].get('custom-call', 0), calls(2))
+    self.assertEqual(ops['greedy_g_layers'].get('custom-call', 0), calls(2))
+    self.assertLess(sum(ops['speed'].values()), sum(ops['greedy'].values()))
 
 
 class ProgressTest(absltest.TestCase):
