@@ -94,6 +94,16 @@ class DemoModelTest(absltest.TestCase):
       results = json.load(f)
     self.assertTrue(results['identical'])
     self.assertEqual(results['speed']['tokens'], results['greedy']['tokens'])
+    # SPEED's speedup is over the faster of greedy's two numerics.
+    for part in (results, results['replay']):
+      tps = {m: part[m]['tokens_per_second'] for m in ('greedy', 'greedy_xla',
+                                                       'speed')}
+      self.assertAlmostEqual(part['speedup'], tps['speed'] / max(
+          tps['greedy'], tps['greedy_xla']))
+      self.assertEqual(part['best_greedy'], max(('greedy', 'greedy_xla'),
+                                                key=tps.get))
+      self.assertAlmostEqual(part['speedup_same_numerics'],
+                             tps['speed'] / tps['greedy'])
     self.assertTrue(results['replay']['identical'])
     self.assertEqual(results['replay']['width'], 32)
     self.assertGreater(results['replay']['speedup'], 0)
