@@ -272,6 +272,7 @@ def pipelined_loop(inputs: Array, cache: Any,
     succ_any = jnp.zeros_like(valid)
     succ_token = jnp.zeros_like(tok)
     for p_s, t_s, v_s in zip(stage(pos), stage(tok), stage(valid)):
+      # here[b, r]: stage s holds the successor of stage r's token.
       here = v_s[:, None] & (p_s[:, None] == pos + 1)             # [B, R]
       succ_any = succ_any | here
       succ_token = jnp.where(here, t_s[:, None], succ_token)
@@ -291,6 +292,7 @@ def pipelined_loop(inputs: Array, cache: Any,
     new_pos = newest_pos + 1
     enters = (newest_pos >= 0) & (new_pos < max_len)
 
+    # Statistics: tokens run, flushes triggered and flips, per stage.
     flips = valid & (stage_ids > 0) & (preds != state.stage_last_preds)
     counts = jnp.stack([valid, flushed_by, flips], 1).astype(jnp.int32)
     schedule = state.schedule
