@@ -112,7 +112,7 @@ class StockBinariesTest(absltest.TestCase):
     th.run_t5x(
         cls.server, 'train',
         [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
-        _t5x_bindings(root) + [
+        _t5x_bindings(root) + th.TRAIN_SEEDS + [
             f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
             "utils.create_learning_rate_scheduler.factors = 'constant'",
             'utils.create_learning_rate_scheduler.base_learning_rate = 0.01'],
@@ -176,7 +176,7 @@ class StockBinariesTest(absltest.TestCase):
     cls.runs['warm_start'].result()
     th.run_t5x(
         cls.server, 'train', [MODEL, 't5x_speed/gin/runs/finetune.gin'],
-        _our_bindings(cls.root) + [
+        _our_bindings(cls.root) + th.TRAIN_SEEDS + [
             f"MODEL_DIR = '{cls.root}/finetune'",
             f"INITIAL_CHECKPOINT_PATH = '{cls.warm_checkpoint}'",
             f'FINETUNE_STEPS = {FT_STEPS}'])

@@ -117,7 +117,7 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
     th.run_t5x(
         cls.server, 'train',
         [T5X_MODEL, T5X_GIN / 't5x/configs/runs/pretrain.gin'],
-        _t5x_bindings(root) + [
+        _t5x_bindings(root) + th.TRAIN_SEEDS + [
             f"MODEL_DIR = '{model_dir}'", f'TRAIN_STEPS = {STEPS}',
             "utils.create_learning_rate_scheduler.factors = 'constant'",
             'utils.create_learning_rate_scheduler.base_learning_rate = 0.01'],
