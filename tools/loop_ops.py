@@ -60,9 +60,8 @@ def loop_body_ops(hlo: str) -> Dict[str, int]:
       current = None
     elif current is not None and ' = ' in line:
       current.append(line.strip())
-  bodies = [_WHILE_BODY.search(line).group(1)
-            for lines in computations.values() for line in lines
-            if _WHILE_BODY.search(line)]
+  bodies = [match.group(1) for lines in computations.values()
+            for match in map(_WHILE_BODY.search, lines) if match]
   if not bodies:
     raise ValueError('no while loop in the program')
   body = max(bodies, key=lambda name: len(computations[name]))
