@@ -29,6 +29,7 @@ WIDTH, MLP, VOCAB = 768, 2048, 32128
 ROWS = (1, 2, 3, 4, 12, 48)
 CLASSIFIER_ROWS = (1, 3, 12)
 HEADS, HEAD_DIM, CACHE, VISIBLE, STAGES = 12, 64, 512, 128, 3
+LAYERS = 12  # attention calls per chain, one per layer of a token
 ATTENTION_BATCH = (1, 4)
 
 
@@ -49,9 +50,10 @@ def _classifier(x, table, force_xla: bool):
 
 
 def _attention(query, cache, force_xla: bool):
-  """12 attention calls in a chain, each slot over its stage's cache."""
+  """LAYERS attention calls in a chain, each slot over its stage's
+  cache."""
   keys, values, bias = cache
-  for _ in range(12):
+  for _ in range(LAYERS):
     query = rowattention.attention(query, keys, values, bias,
                                    stages=tuple(range(STAGES)),
                                    force_xla=force_xla)
@@ -92,7 +94,7 @@ def main():
       bias = jnp.where(jnp.arange(CACHE) < VISIBLE, 0.0, -1e10).astype(
           dtype) * jnp.ones((batch, STAGES, HEADS, 1), dtype)
       query = jax.random.normal(key, (batch, STAGES, HEADS, HEAD_DIM), dtype)
-      nbytes = 12 * 2 * keys.nbytes * VISIBLE // CACHE
+      nbytes = LAYERS * 2 * keys.nbytes * VISIBLE // CACHE
       print(jnp.dtype(dtype).name, f'attention {batch}x{STAGES} slots',
             _compare(_attention, query, (keys, values, bias), nbytes))
 
