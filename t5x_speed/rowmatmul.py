@@ -219,7 +219,10 @@ def _load() -> Optional[str]:
 
 
 def isa() -> Optional[str]:
-  """The vector instruction set of the kernel ('avx512', 'avx2', 'portable').
+  """The kernel's instruction set: 'avx512_bf16', 'avx512', 'avx2', 'portable'.
+
+  'avx512_bf16' is AVX-512 with the CPU's bf16 pair products (vdpbf16ps),
+  which multiply bfloat16 rows by bfloat16 weights without widening them.
 
   Builds and loads the kernel on first use. None where it cannot be built or
   loaded (the reason is logged once per process).

@@ -199,7 +199,8 @@ class FallbackMessageTest(absltest.TestCase):
 
   @needs_kernel
   def test_isa_names_the_loaded_kernel(self):
-    self.assertIn(rowmatmul.isa(), ('avx512', 'avx2', 'portable'))
+    self.assertIn(rowmatmul.isa(),
+                  ('avx512_bf16', 'avx512', 'avx2', 'portable'))
 
 
 class TracedProgramTest(parameterized.TestCase):

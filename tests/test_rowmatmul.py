@@ -84,9 +84,11 @@ class KernelValuesTest(parameterized.TestCase):
   def test_equals_dot(self, dtype, transpose_w):
     """Every shape's product in one compiled program."""
     # (3, 130, 57): bf16 weights' paired columns and k, whole vectors and
-    # tails in one product.
+    # tails in one product; (2, 131, 64): an odd K over paired columns (its
+    # last row of w has no partner).
     shapes = ((1, 768, 2048), (3, 2048, 768), (5, 37, 9), (2, 1, 7),
-              (4, 9, 1), (17, 100, 33), (64, 64, 40), (3, 130, 57))
+              (4, 9, 1), (17, 100, 33), (64, 64, 40), (3, 130, 57),
+              (2, 131, 64))
     data = [_data(m, k, n, dtype, transpose_w) for m, k, n in shapes]
     products = jax.jit(lambda data: [
         rowmatmul.matmul(x, w, transpose_w=transpose_w) for x, w in data])
@@ -196,8 +198,8 @@ class VmapTest(parameterized.TestCase):
 class RowIndependenceTest(parameterized.TestCase):
   """Row i of an M-row call is bit-identical to that row alone."""
 
-  # K = 300: two whole slices of 128 rows of w and a part one.
-  @parameterized.product(kn=((37, 5), (8, 1), (1, 9), (100, 130), (300, 37)),
+  # K = 301: two whole slices of 128 rows of w and a part one of odd length.
+  @parameterized.product(kn=((37, 5), (8, 1), (1, 9), (100, 130), (301, 37)),
                          dtype=(F32, BF16), transpose_w=(False, True))
   def test_small(self, kn, dtype, transpose_w):
     self._check((2, 3, 4, 5, 7, 8, 9, 13, 24, 48, rowmatmul.MAX_ROWS), *kn,
@@ -462,14 +464,18 @@ print('ok')
                      'no kernel, or not an x86 CPU (the variants are x86 '
                      'builds)')
 class InstructionSetVariantsTest(parameterized.TestCase):
-  """The AVX2 and portable code paths, which an AVX-512 host never runs."""
+  """The code paths of narrower builds than the host's: AVX-512 without bf16
+  pair products (which widens bf16 weights to f32), AVX2 and portable."""
 
   @parameterized.parameters(
+      ('avx512', '-mno-avx512bf16', set()),
       ('avx2', '-mno-avx512f', {'avx2', 'fma'}),
       ('portable', '-mno-avx -mno-avx2 -mno-fma -mno-avx512f', set()))
   def test_variant(self, isa, flags, needs):
     cpu = _x86_flags()
     self.assertTrue(needs <= cpu, f'an x86 CPU without {needs - cpu}')
+    if isa == 'avx512' and 'avx512f' not in cpu:
+      isa = 'avx2'  # the same flags on a CPU without AVX-512
     cxx = os.environ.get('CXX') or 'g++'
     result = subprocess.run(
         [sys.executable, '-c', _VARIANT_CHECK], capture_output=True,

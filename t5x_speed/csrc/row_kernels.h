@@ -16,6 +16,13 @@
 //   * x @ w.T: lane l of a vector accumulator takes k = l (mod lanes) in
 //     order (for bf16 w, decoded in pairs: k = 2l then 2l + 1 of each block
 //     of 2 * lanes), then one fixed horizontal sum.
+//   * x and w both bf16 on a CPU with AVX512_BF16 (kBf16Dot): each pair
+//     (k, k + 1), k even, enters as acc = fma(x[k + 1], w[k + 1], acc), then
+//     acc = fma(x[k], w[k], acc) (vdpbf16ps; bf16 products are exact in f32,
+//     so these are the f32 path's FMAs in another order), with denormal
+//     operands and results flushed to zero; for x @ w the pairs run over each
+//     slice's k, for x @ w.T lane l takes pairs 2l, 2l + 1 of each block of
+//     2 * lanes.
 //
 // Memory: M <= 8 rows keep all their accumulators in registers while a
 // column block of w streams through once; more rows are done in groups of 8
@@ -36,6 +43,14 @@
 #endif
 #if defined(__SSE__)
 #include <xmmintrin.h>
+#endif
+
+// AVX512_BF16's bf16 pair products (Dot below), used where x and w are both
+// bf16.
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define T5X_SPEED_BF16_DOT 1
+#else
+#define T5X_SPEED_BF16_DOT 0
 #endif
 
 namespace t5x_speed_kernels {
@@ -122,7 +137,7 @@ inline float ReduceAdd(Vec v) {
   const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
-constexpr const char* kIsa = "avx512";
+constexpr const char* kIsa = T5X_SPEED_BF16_DOT ? "avx512_bf16" : "avx512";
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int kLanes = 8;
 using Vec = __m256;
@@ -189,6 +204,40 @@ inline int64_t PairedSlot(int64_t i) {
   const int64_t b = i % kPair;
   return i - b + (b % 2) * kLanes + b / 2;
 }
+
+// bf16 pairs in hardware: with AVX512_BF16, Dot(acc, a, b) adds
+// a[2l + 1] * b[2l + 1], then a[2l] * b[2l], to lane l of acc (vdpbf16ps),
+// with no conversion of either operand: where x is bf16 too, the kernels
+// below take w's pairs as they lie in memory (x @ w.T) or interleave two
+// rows of w (x @ w) instead of widening every weight to f32.
+constexpr bool kBf16Dot = T5X_SPEED_BF16_DOT;
+#if T5X_SPEED_BF16_DOT
+using Pairs = __m512i;  // kLanes pairs of bf16
+inline Pairs LoadPairsBf16(const uint16_t* p) { return _mm512_loadu_si512(p); }
+// One pair (p[0], p[1]) in every lane.
+inline Pairs BroadcastPair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+inline Vec Dot(Vec acc, Pairs a, Pairs b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+// Rows a and b of w over kPair columns as pairs (a[n], b[n]): `lo` holds
+// columns 0-3, 8-11, 16-19, 24-27 of the block, `hi` the others (the
+// unpacks work within 128-bit lanes); StoreInterleaved undoes the order.
+inline void Interleave(Pairs a, Pairs b, Pairs* lo, Pairs* hi) {
+  *lo = _mm512_unpacklo_epi16(a, b);
+  *hi = _mm512_unpackhi_epi16(a, b);
+}
+inline void StoreInterleaved(float* p, Vec lo, Vec hi) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5,
+                                          6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  _mm512_storeu_ps(p, _mm512_permutex2var_ps(lo, first, hi));
+  _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(lo, second, hi));
+}
+#endif
 
 // Loads n < kLanes elements, zero-filling the rest, without reading past p+n.
 template <typename T>
@@ -267,11 +316,50 @@ inline void KnStepPairs(const float* x, int64_t ldx, const uint16_t* w,
   }
 }
 
+#if T5X_SPEED_BF16_DOT
+// Rows [k, k + 2 * KP) of bf16 w as KP pairs of rows (kAlone: row k alone,
+// paired with zeros, as are x's padded columns), times bf16 x [M, ldb], over
+// `paired` columns: each block's running sums kept in Interleave's order.
+constexpr int kDotPairs = 4;  // pairs of rows of w per pass over the chunk
+
+template <int KP, bool kAlone = false>
+inline void KnStepDot(const uint16_t* xb, int64_t ldb, const uint16_t* w,
+                      int64_t M, int64_t N, int64_t k, int64_t paired,
+                      float* acc, int64_t stride) {
+  const uint16_t* wk = w + k * N;
+  for (int64_t c = 0; c < paired; c += kPair) {
+    Pairs lo[KP], hi[KP];
+    for (int i = 0; i < KP; ++i) {
+      const uint16_t* a = wk + 2 * i * N + c;
+      Prefetch(a + 2 * KP * N);
+      Prefetch(a + (2 * KP + 1) * N);
+      const Pairs b = kAlone ? _mm512_setzero_si512() : LoadPairsBf16(a + N);
+      Interleave(LoadPairsBf16(a), b, &lo[i], &hi[i]);
+    }
+    for (int64_t r = 0; r < M; ++r) {
+      float* sums = acc + r * stride + c;
+      const uint16_t* xr = xb + r * ldb + k;
+      Vec l = Load(sums), h = Load(sums + kLanes);
+      for (int i = 0; i < KP; ++i) {
+        const Pairs xp = BroadcastPair(xr + 2 * i);
+        l = Dot(l, lo[i], xp);
+        h = Dot(h, hi[i], xp);
+      }
+      Store(sums, l);
+      Store(sums + kLanes, h);
+    }
+  }
+}
+#endif
+
 // Rows [0, K) of w (row length N) times x [M, ldx] over columns [n0, n1),
-// into f32 `out` (a slice's partial products, see Dispatch).
+// into f32 `out` (a slice's partial products, see Dispatch). With `xb` (x in
+// bf16, [M, ldb], for the hardware's bf16 pairs), the paired columns are
+// multiplied from it.
 template <typename W>
-void KnChunk(const float* x, int64_t ldx, const W* w, float* out, int64_t M,
-             int64_t K, int64_t N, int64_t n0, int64_t n1) {
+void KnChunk(const float* x, int64_t ldx, const uint16_t* xb, int64_t ldb,
+             const W* w, float* out, int64_t M, int64_t K, int64_t N,
+             int64_t n0, int64_t n1) {
   const int64_t width = n1 - n0;
   const int64_t paired =
       std::is_same_v<W, uint16_t> ? width / kPair * kPair : 0;
@@ -282,10 +370,11 @@ void KnChunk(const float* x, int64_t ldx, const W* w, float* out, int64_t M,
   scratch.assign(static_cast<size_t>(M * stride), 0.0f);
   float* acc = scratch.data();
   const W* wc = w + n0;
+  const bool dot = kBf16Dot && xb != nullptr;
   const auto step = [&](auto kc, int64_t k) {
     constexpr int KC = decltype(kc)::value;
     if constexpr (std::is_same_v<W, uint16_t>) {
-      KnStepPairs<KC>(x, ldx, wc, M, N, k, paired, acc, stride);
+      if (!dot) KnStepPairs<KC>(x, ldx, wc, M, N, k, paired, acc, stride);
     }
     KnStep<KC>(x, ldx, wc + paired, M, N, k, full, tail, acc + paired,
                stride);
@@ -293,10 +382,30 @@ void KnChunk(const float* x, int64_t ldx, const W* w, float* out, int64_t M,
   int64_t k = 0;
   for (; k + kKc <= K; k += kKc) step(std::integral_constant<int, kKc>(), k);
   for (; k < K; ++k) step(std::integral_constant<int, 1>(), k);
+#if T5X_SPEED_BF16_DOT
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    if (dot) {
+      k = 0;
+      for (; k + 2 * kDotPairs <= K; k += 2 * kDotPairs) {
+        KnStepDot<kDotPairs>(xb, ldb, wc, M, N, k, paired, acc, stride);
+      }
+      for (; k + 2 <= K; k += 2) {
+        KnStepDot<1>(xb, ldb, wc, M, N, k, paired, acc, stride);
+      }
+      if (k < K) KnStepDot<1, true>(xb, ldb, wc, M, N, k, paired, acc, stride);
+    }
+  }
+#endif
   for (int64_t r = 0; r < M; ++r) {
     const float* row = acc + r * stride;
     float* o = out + r * N + n0;
     for (int64_t c = 0; c < paired; c += kPair) {
+#if T5X_SPEED_BF16_DOT
+      if (dot) {
+        StoreInterleaved(o + c, Load(row + c), Load(row + c + kLanes));
+        continue;
+      }
+#endif
       StorePairs(o + c, Load(row + c), Load(row + c + kLanes));
     }
     std::copy(row + paired, row + width, o + paired);
@@ -416,24 +525,48 @@ void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
   }
 }
 
-template <int M, int J, typename W, typename O>
-inline void NkColumnsAt(const float* x, int64_t Kp, const W* w, O* out,
-                        int64_t K, int64_t N, int64_t j) {
-  if constexpr (std::is_same_v<W, uint16_t>) {
-    NkGroupPairs<M, J>(x, Kp, w, out, K, N, j);
-  } else {
-    NkGroup<M, J>(x, Kp, w, out, K, N, j);
+#if T5X_SPEED_BF16_DOT
+// As NkGroup for bf16 x and w, with the hardware's pairs: `xb` [M, Kb] bf16,
+// zero-padded to Kb = K rounded up to kPair, so lane l of an accumulator
+// takes the pair k = 2l, 2l + 1 of each block.
+template <int M, int J, typename O>
+void NkGroupDot(const uint16_t* xb, int64_t Kb, const uint16_t* w, O* out,
+                int64_t K, int64_t N, int64_t j) {
+  Vec acc[M][J];
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < J; ++c) acc[r][c] = Zero();
+  const auto block = [&](int64_t k, const uint16_t* const* wp) {
+    Pairs xv[M];
+    for (int r = 0; r < M; ++r) xv[r] = LoadPairsBf16(xb + r * Kb + k);
+    for (int c = 0; c < J; ++c) {
+      const Pairs wv = LoadPairsBf16(wp[c]);
+      for (int r = 0; r < M; ++r) acc[r][c] = Dot(acc[r][c], xv[r], wv);
+    }
+  };
+  const uint16_t* wp[J];
+  int64_t k = 0;
+  for (; k + kPair <= K; k += kPair) {
+    for (int c = 0; c < J; ++c) {
+      Prefetch(w + (j + J + c) * K + k);
+      wp[c] = w + (j + c) * K + k;
+    }
+    block(k, wp);
+  }
+  if (k < K) {
+    uint16_t tails[J][kPair] = {};
+    for (int c = 0; c < J; ++c) {
+      std::memcpy(tails[c], w + (j + c) * K + k, (K - k) * sizeof(uint16_t));
+      wp[c] = tails[c];
+    }
+    block(k, wp);
+  }
+  for (int r = 0; r < M; ++r) {
+    for (int c = 0; c < J; ++c) {
+      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
+    }
   }
 }
-
-template <int M, typename W, typename O>
-void NkRange(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
-             int64_t N, int64_t n0, int64_t n1) {
-  constexpr int J = NkColumns(M);
-  int64_t j = n0;
-  for (; j + J <= n1; j += J) NkColumnsAt<M, J>(x, Kp, w, out, K, N, j);
-  for (; j < n1; ++j) NkColumnsAt<M, 1>(x, Kp, w, out, K, N, j);
-}
+#endif
 
 // ---------------------------------------------------------------------------
 // Row-group dispatch: rows [0, M) in groups of up to kMaxGroupRows.
@@ -442,17 +575,40 @@ template <typename W, typename O>
 struct Problem {
   const float* x;  // [M, Kp] f32
   int64_t Kp;
+  // x in bf16 for the hardware's bf16 pairs ([M, Kb], see NkGroupDot and
+  // KnStepDot), or null: set only where x and w are both bf16 and kBf16Dot.
+  const uint16_t* xb;
+  int64_t Kb;
   const W* w;
   O* out;          // [M, N]
   int64_t M, K, N;
   bool transposed;
 };
 
-template <int G, typename W, typename O>
-void RunGroup(const Problem<W, O>& p, int64_t r0, int64_t n0, int64_t n1) {
+template <int M, int J, typename W, typename O>
+inline void NkColumnsAt(const Problem<W, O>& p, int64_t r0, int64_t j) {
   const float* x = p.x + r0 * p.Kp;
   O* out = p.out + r0 * p.N;
-  NkRange<G>(x, p.Kp, p.w, out, p.K, p.N, n0, n1);
+  if constexpr (std::is_same_v<W, uint16_t>) {
+#if T5X_SPEED_BF16_DOT
+    if (p.xb != nullptr) {
+      NkGroupDot<M, J>(p.xb + r0 * p.Kb, p.Kb, p.w, out, p.K, p.N, j);
+      return;
+    }
+#endif
+    NkGroupPairs<M, J>(x, p.Kp, p.w, out, p.K, p.N, j);
+  } else {
+    NkGroup<M, J>(x, p.Kp, p.w, out, p.K, p.N, j);
+  }
+}
+
+// Output columns [n0, n1) of rows [r0, r0 + G).
+template <int G, typename W, typename O>
+void RunGroup(const Problem<W, O>& p, int64_t r0, int64_t n0, int64_t n1) {
+  constexpr int J = NkColumns(G);
+  int64_t j = n0;
+  for (; j + J <= n1; j += J) NkColumnsAt<G, J>(p, r0, j);
+  for (; j < n1; ++j) NkColumnsAt<G, 1>(p, r0, j);
 }
 
 // Output columns per block when the rows come in several groups: the block's
@@ -482,7 +638,7 @@ void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
   if (!p.transposed) {  // x has row stride Kp == K here
     // Dispatch runs x @ w as slices with f32 partial products only.
     if constexpr (std::is_same_v<O, float>) {
-      KnChunk(p.x, p.Kp, p.w, p.out, p.M, p.K, p.N, n0, n1);
+      KnChunk(p.x, p.Kp, p.xb, p.Kb, p.w, p.out, p.M, p.K, p.N, n0, n1);
     }
     return;
   }

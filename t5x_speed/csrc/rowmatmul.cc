@@ -91,16 +91,18 @@ struct Operand {
   Batch batch;
   int64_t N;
 
-  // The product of batch element t, x being the call's f32 rows [.., M, Kp].
+  // The product of batch element t, x being the call's f32 rows [.., M, Kp]
+  // (and its bf16 rows [.., M, Kb], or null).
   template <typename W, typename O>
   Problem<W, O> At(int64_t t, const float* x, int64_t M, int64_t Kp,
-                   bool transposed) const {
+                   const uint16_t* xb, int64_t Kb, bool transposed) const {
     const auto wd = w->dimensions();
     const int64_t w_matrix = wd[wd.size() - 2] * wd[wd.size() - 1];
     int64_t xi, wi;
     batch.Offsets(t, &xi, &wi);
     const int64_t K = transposed ? wd[wd.size() - 1] : wd[wd.size() - 2];
     return Problem<W, O>{x + xi * M * Kp, Kp,
+                         xb == nullptr ? nullptr : xb + xi * M * Kb, Kb,
                          static_cast<const W*>(w->untyped_data()) +
                              wi * w_matrix,
                          static_cast<O*>(out->untyped_data()) + t * M * N, M,
@@ -125,7 +127,9 @@ void RunTasks(ffi::ThreadPool& pool, const std::vector<Task<W, O>>& tasks,
 }
 
 // x is converted to f32 once (exactly: bf16 -> f32 is a shift), zero-padded
-// to Kp for the dot-product form's vector tail, and serves every weight; W
+// to Kp for the dot-product form's vector tail, and serves every weight
+// (where x and w are both bf16 and the CPU multiplies bf16 pairs, x is also
+// copied as bf16, zero-padded to whole pairs or blocks of them); W
 // and O are the weight and output element types (float or uint16_t for
 // bf16). Every (batch element, weight, column chunk) is one task, and all
 // tasks of the call share one ParallelFor, so a call with several weights
@@ -149,6 +153,13 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
           x32 ? xs32[i] : Bf16ToF32(xs16[i]);
     }
   }
+  const bool dot = kBf16Dot && std::is_same_v<W, uint16_t> && !x32;
+  const int64_t Kb = transposed ? (K + kPair - 1) / kPair * kPair : K + K % 2;
+  AlignedVector<uint16_t> xb(dot ? static_cast<size_t>(rows * Kb) : 0, 0);
+  for (int64_t r = 0; dot && r < rows; ++r) {
+    std::copy(xs16 + r * K, xs16 + (r + 1) * K, xb.data() + r * Kb);
+  }
+  const uint16_t* xbp = dot ? xb.data() : nullptr;
   int64_t total_bytes = 0;
   for (const Operand& o : operands) {
     total_bytes += o.batch.count * K * o.N * static_cast<int64_t>(sizeof(W));
@@ -161,7 +172,8 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
       const bool split = K * o.N * static_cast<int64_t>(sizeof(W)) >=
                          kMinParallelBytes;
       for (int64_t t = 0; t < o.batch.count; ++t) {
-        const Problem<W, O> p = o.At<W, O>(t, xf.data(), M, Kp, true);
+        const Problem<W, O> p =
+            o.At<W, O>(t, xf.data(), M, Kp, xbp, Kb, true);
         const int64_t per = split ? ChunkColumns(p, threads) : o.N;
         for (int64_t n0 = 0; n0 < o.N; n0 += per) {
           tasks.push_back({p, n0, std::min(o.N, n0 + per)});
@@ -189,12 +201,14 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   float* next = partials.data();
   for (const Operand& o : operands) {
     for (int64_t t = 0; t < o.batch.count; ++t) {
-      const Problem<W, O> p = o.At<W, O>(t, xf.data(), M, Kp, false);
+      const Problem<W, O> p =
+          o.At<W, O>(t, xf.data(), M, Kp, xbp, Kb, false);
       sums.push_back({next, M * o.N, p.out});
       for (int64_t s = 0; s < slices; ++s, next += M * o.N) {
         const int64_t k0 = s * kKSlice;
-        const Problem<W, float> slice{p.x + k0, Kp, p.w + k0 * o.N, next, M,
-                                      std::min(kKSlice, K - k0), o.N, false};
+        const Problem<W, float> slice{
+            p.x + k0, Kp, p.xb == nullptr ? nullptr : p.xb + k0, Kb,
+            p.w + k0 * o.N, next, M, std::min(kKSlice, K - k0), o.N, false};
         for (int64_t n0 = 0; n0 < o.N; n0 += width) {
           tasks.push_back({slice, n0, std::min(o.N, n0 + width)});
         }
