@@ -2,6 +2,7 @@
 and `bench` and `sample_bench` end to end on tiny models."""
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from tools import decode_profile
 from tools import demo_model
 from tools import loop_ops
 from tools import replay
+from tools import rowmatmul_microbench
 from tools import sample_bench
 import helpers
 
@@ -374,6 +376,22 @@ ENTRY %main () -> (s32[], f32[2]) {
     self.assertEqual(ops['speed'].get('custom-call', 0), calls(2))
     self.assertEqual(ops['greedy_g_layers'].get('custom-call', 0), calls(2))
     self.assertLess(sum(ops['speed'].values()), sum(ops['greedy'].values()))
+
+
+class MicrobenchTest(absltest.TestCase):
+
+  def test_every_weight_of_the_chain_is_multiplied(self):
+    """The bytes the microbench reports are the bytes its program reads:
+    no product of the chain is dead code."""
+    weights = [jax.ShapeDtypeStruct(
+        (rowmatmul_microbench.MLP, rowmatmul_microbench.WIDTH) if i % 3 == 2
+        else (rowmatmul_microbench.WIDTH, rowmatmul_microbench.MLP),
+        jnp.float32) for i in range(24)]
+    x = jax.ShapeDtypeStruct((3, rowmatmul_microbench.WIDTH), jnp.float32)
+    chain = jax.jit(functools.partial(rowmatmul_microbench._chain,  # pylint: disable=protected-access
+                                      force_xla=True))
+    self.assertEqual(chain.lower(x, weights).as_text().count('dot_general'),
+                     24)
 
 
 class ProgressTest(absltest.TestCase):

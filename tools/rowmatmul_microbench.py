@@ -34,14 +34,18 @@ ATTENTION_BATCH = (1, 4)
 
 
 def _chain(x, weights, force_xla: bool):
-  """x through each block's [WIDTH, MLP] products, then its [MLP, WIDTH]
-  one, scaled so the values stay bounded."""
-  y = hidden = x
+  """x through each block's two [WIDTH, MLP] products, then its [MLP, WIDTH]
+  one on their sum, scaled so the values stay bounded. Every product feeds
+  the result: one left unused would be dropped from the program, and its
+  bytes counted but never read."""
+  y, hidden = x, None
   for w in weights:
     if w.shape[0] == WIDTH:
-      hidden = rowmatmul.matmul(y, w, force_xla=force_xla)
+      product = rowmatmul.matmul(y, w, force_xla=force_xla)
+      hidden = product if hidden is None else hidden + product
     else:
       y = rowmatmul.matmul(hidden, w, force_xla=force_xla) * 0.01
+      hidden = None
   return y
 
 
