@@ -21,8 +21,10 @@
 //     acc = fma(x[k], w[k], acc) (vdpbf16ps; bf16 products are exact in f32,
 //     so these are the f32 path's FMAs in another order), with denormal
 //     operands and results flushed to zero; for x @ w the pairs run over each
-//     slice's k, for x @ w.T lane l takes pairs 2l, 2l + 1 of each block of
-//     2 * lanes.
+//     slice's k, in every column but N's last N mod (2 * lanes), which keep
+//     the FMA chain (the column chunks are whole blocks of 2 * lanes, so
+//     which columns these are does not depend on M); for x @ w.T lane l
+//     takes pairs 2l, 2l + 1 of each block of 2 * lanes.
 //
 // Memory: M <= 8 rows keep all their accumulators in registers while a
 // column block of w streams through once; more rows are done in groups of 8

@@ -185,9 +185,12 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   }
   // x @ w: each (matrix, K slice, column chunk) is a task writing the
   // slice's f32 partial products; then each matrix's slices are summed. A
-  // chunk's M x width running sums stay within a 32 KiB L1.
+  // chunk's M x width running sums stay within a 32 KiB L1. With the bf16
+  // pair products, chunks are whole blocks of kPair columns, so the columns
+  // that take them (all but N's last N mod kPair) do not depend on M.
   const int64_t slices = KnSlices(K);
-  const int64_t width = std::max<int64_t>(kLanes, 8192 / M / kLanes * kLanes);
+  const int64_t align = dot ? kPair : kLanes;
+  const int64_t width = std::max<int64_t>(align, 8192 / M / align * align);
   int64_t floats = 0;
   for (const Operand& o : operands) floats += o.batch.count * slices * M * o.N;
   AlignedVector<float> partials(static_cast<size_t>(floats));
