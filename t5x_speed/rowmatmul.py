@@ -68,7 +68,7 @@ _SOURCES = tuple(os.path.join(_CSRC, c)
                  for c in ('rowmatmul.cc', 'row_attention.cc', 'row_sample.cc'))
 _HEADERS = tuple(os.path.join(_CSRC, h)
                  for h in ('aligned_buffer.h', 'ffi_threads.h', 'row_kernels.h',
-                           'row_attention.h'))
+                           'row_vectors.h', 'row_attention.h'))
 _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}
 # Every FFI target of the library (the attention's: `t5x_speed.rowattention`;
 # the sampler's: `t5x_speed.rowsample`).
