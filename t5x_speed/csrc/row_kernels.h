@@ -231,6 +231,41 @@ constexpr int NkColumns(int m) {
   return m <= 2 ? 8 : (m <= 3 ? 6 : (m <= 4 ? 5 : (m <= 6 ? 3 : 2)));
 }
 
+// Output columns [j, j + J) of M rows: out[r, j + c] = the horizontal sum
+// of acc[r][c].
+template <int M, int J, typename O>
+inline void NkStore(const Vec (&acc)[M][J], O* out, int64_t N, int64_t j) {
+  for (int r = 0; r < M; ++r) {
+    for (int c = 0; c < J; ++c) {
+      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
+    }
+  }
+}
+
+// Rows [j, j + J) of bf16 w in blocks of kPair elements, in k order:
+// block(k, wp) gets each row's block (the last one zero-filled past K).
+template <int J, typename Block>
+inline void NkPairBlocks(const uint16_t* w, int64_t K, int64_t j,
+                         const Block& block) {
+  const uint16_t* wp[J];
+  int64_t k = 0;
+  for (; k + kPair <= K; k += kPair) {
+    for (int c = 0; c < J; ++c) {
+      Prefetch(w + (j + J + c) * K + k);
+      wp[c] = w + (j + c) * K + k;
+    }
+    block(k, wp);
+  }
+  if (k < K) {
+    uint16_t tails[J][kPair] = {};
+    for (int c = 0; c < J; ++c) {
+      std::memcpy(tails[c], w + (j + c) * K + k, (K - k) * sizeof(uint16_t));
+      wp[c] = tails[c];
+    }
+    block(k, wp);
+  }
+}
+
 // Output columns [j, j + J) of M rows. `x` is [M, Kp] f32, zero-padded to
 // Kp = K rounded up to kLanes, so the K tail is one more lane-wise FMA.
 template <int M, int J, typename W, typename O>
@@ -260,11 +295,7 @@ void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
       for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < M; ++r) {
-    for (int c = 0; c < J; ++c) {
-      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
-    }
-  }
+  NkStore(acc, out, N, j);
 }
 
 // As NkGroup for bf16 w, decoded in pairs: `x` holds each block of kPair
@@ -291,28 +322,8 @@ void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
       }
     }
   };
-  const uint16_t* wp[J];
-  int64_t k = 0;
-  for (; k + kPair <= K; k += kPair) {
-    for (int c = 0; c < J; ++c) {
-      Prefetch(w + (j + J + c) * K + k);
-      wp[c] = w + (j + c) * K + k;
-    }
-    block(k, wp);
-  }
-  if (k < K) {
-    uint16_t tails[J][kPair] = {};
-    for (int c = 0; c < J; ++c) {
-      std::memcpy(tails[c], w + (j + c) * K + k, (K - k) * sizeof(uint16_t));
-      wp[c] = tails[c];
-    }
-    block(k, wp);
-  }
-  for (int r = 0; r < M; ++r) {
-    for (int c = 0; c < J; ++c) {
-      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
-    }
-  }
+  NkPairBlocks<J>(w, K, j, block);
+  NkStore(acc, out, N, j);
 }
 
 #if T5X_SPEED_BF16_DOT
@@ -333,28 +344,8 @@ void NkGroupDot(const uint16_t* xb, int64_t Kb, const uint16_t* w, O* out,
       for (int r = 0; r < M; ++r) acc[r][c] = Dot(acc[r][c], xv[r], wv);
     }
   };
-  const uint16_t* wp[J];
-  int64_t k = 0;
-  for (; k + kPair <= K; k += kPair) {
-    for (int c = 0; c < J; ++c) {
-      Prefetch(w + (j + J + c) * K + k);
-      wp[c] = w + (j + c) * K + k;
-    }
-    block(k, wp);
-  }
-  if (k < K) {
-    uint16_t tails[J][kPair] = {};
-    for (int c = 0; c < J; ++c) {
-      std::memcpy(tails[c], w + (j + c) * K + k, (K - k) * sizeof(uint16_t));
-      wp[c] = tails[c];
-    }
-    block(k, wp);
-  }
-  for (int r = 0; r < M; ++r) {
-    for (int c = 0; c < J; ++c) {
-      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
-    }
-  }
+  NkPairBlocks<J>(w, K, j, block);
+  NkStore(acc, out, N, j);
 }
 #endif
 
