@@ -175,22 +175,43 @@ def build(verbose: bool = False) -> str:
       return path
     fd, tmp = tempfile.mkstemp(suffix='.so', dir=cache)
     os.close(fd)
-    cmd = [*cxx, *_CXX_FLAGS, '-isystem', jax.ffi.include_dir(), *_SOURCES,
-           '-o', tmp]
-    if verbose:
-      print(' '.join(cmd), file=sys.stderr)
     try:
-      result = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as e:
+      _compile_and_link(cxx, tmp, verbose)
+    except BaseException:
       os.unlink(tmp)
-      raise RuntimeError(f'cannot run {cmd[0]!r}: {e}') from None
-    if result.returncode != 0:
-      os.unlink(tmp)
-      raise RuntimeError(
-          f'compiling {" ".join(_SOURCES)} failed:\n{result.stderr[-4000:]}')
+      raise
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
   return path
+
+
+def _compile_and_link(cxx: list, out: str, verbose: bool) -> None:
+  """Compiles the sources into `out`, one compiler process per source at
+  once (the build's wall time is then its largest source's), then links.
+
+  Raises:
+    RuntimeError: the compiler cannot be run, or a compilation failed.
+  """
+  flags = [*_CXX_FLAGS, '-isystem', jax.ffi.include_dir()]
+  with tempfile.TemporaryDirectory(dir=os.path.dirname(out)) as objects:
+    compiles = [[*cxx, *flags, '-c', source, '-o',
+                 os.path.join(objects, f'{i}.o')]
+                for i, source in enumerate(_SOURCES)]
+    link = [*cxx, *flags, *[c[-1] for c in compiles], '-o', out]
+    for step in (compiles, [link]):
+      if verbose:
+        for cmd in step:
+          print(shlex.join(cmd), file=sys.stderr)
+      try:
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for cmd in step]
+      except OSError as e:
+        raise RuntimeError(f'cannot run {cxx[0]!r}: {e}') from None
+      errors = [proc.communicate()[1] for proc in procs]
+      for cmd, proc, err in zip(step, procs, errors):
+        if proc.returncode != 0:
+          raise RuntimeError(f'{shlex.join(cmd)} failed:\n{err[-4000:]}')
 
 
 @functools.lru_cache(maxsize=None)

@@ -507,12 +507,17 @@ class FallbackTest(absltest.TestCase):
     self.assertEqual(err.count('kernel unavailable, using XLA'), 1, err)
 
   def test_build_command_never_fails(self):
-    result = subprocess.run(
-        [sys.executable, '-m', 't5x_speed.rowmatmul', '--build'],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, 'CXX': '/nonexistent/c++'})
-    self.assertEqual(result.returncode, 0)
-    self.assertIn('XLA\'s dot will be used', result.stderr)
+    # No compiler; a compiler whose every compilation fails (each source
+    # compiles in its own process): the message names the failed command.
+    for cxx, says in (('/nonexistent/c++', 'cannot run'),
+                      ('g++ -include /nonexistent/header.h', 'failed:')):
+      result = subprocess.run(
+          [sys.executable, '-m', 't5x_speed.rowmatmul', '--build'],
+          capture_output=True, text=True, timeout=300,
+          env={**os.environ, 'CXX': cxx})
+      self.assertEqual(result.returncode, 0)
+      self.assertIn('XLA\'s dot will be used', result.stderr)
+      self.assertIn(says, result.stderr)
 
 
 def _bf16_configs(count, seed=0):
