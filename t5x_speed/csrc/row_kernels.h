@@ -55,15 +55,40 @@ constexpr int kMaxGroupRows = 8;  // rows whose accumulators live in registers
 // KC rows of w. Each sum is still the plain FMA chain over k = 0..K-1.
 
 constexpr int kKc = 8;  // rows of w per pass over the chunk
+// Vectors of columns per pass: each broadcast of x serves this many FMAs.
+// AVX-512's 32 registers hold KC vectors of w for each; AVX2's 16, one.
+#if defined(__AVX512F__)
+constexpr int kKnVectors = 3;
+#else
+constexpr int kKnVectors = 1;
+#endif
 
-template <int KC>
-inline void KnRows(const float* xk, int64_t ldx, int64_t M, const Vec* wv,
-                   float* acc, int64_t stride) {
+template <int KC, int J>
+inline void KnRows(const float* xk, int64_t ldx, int64_t M,
+                   const Vec (&wv)[J][KC], float* acc, int64_t stride) {
   for (int64_t r = 0; r < M; ++r, acc += stride) {
-    Vec a = Load(acc);
-    for (int i = 0; i < KC; ++i) a = Fma(Set1(xk[r * ldx + i]), wv[i], a);
-    Store(acc, a);
+    Vec a[J];
+    for (int j = 0; j < J; ++j) a[j] = Load(acc + j * kLanes);
+    for (int i = 0; i < KC; ++i) {
+      const Vec xi = Set1(xk[r * ldx + i]);
+      for (int j = 0; j < J; ++j) a[j] = Fma(xi, wv[j][i], a[j]);
+    }
+    for (int j = 0; j < J; ++j) Store(acc + j * kLanes, a[j]);
   }
+}
+
+// Rows [k, k + KC) of w (wk: row k) over J whole vectors of columns from c.
+template <int KC, int J, typename W>
+inline void KnBlock(const float* xk, int64_t ldx, const W* wk, int64_t M,
+                    int64_t N, int64_t c, float* acc, int64_t stride) {
+  Vec wv[J][KC];
+  for (int i = 0; i < KC; ++i) {
+    for (int j = 0; j < J; ++j) {
+      Prefetch(wk + (KC + i) * N + c + j * kLanes);
+      wv[j][i] = Load(wk + i * N + c + j * kLanes);
+    }
+  }
+  KnRows<KC, J>(xk, ldx, M, wv, acc + c, stride);
 }
 
 // Rows [k, k + KC) of w over the chunk's `full` whole vectors and `tail`
@@ -73,18 +98,19 @@ inline void KnStep(const float* x, int64_t ldx, const W* w, int64_t M,
                    int64_t N, int64_t k, int64_t full, int tail, float* acc,
                    int64_t stride) {
   const W* wk = w + k * N;
-  for (int64_t c = 0; c < full; c += kLanes) {
-    Vec wv[KC];
-    for (int i = 0; i < KC; ++i) {
-      Prefetch(wk + (KC + i) * N + c);
-      wv[i] = Load(wk + i * N + c);
-    }
-    KnRows<KC>(x + k, ldx, M, wv, acc + c, stride);
+  int64_t c = 0;
+  for (; c + kKnVectors * kLanes <= full; c += kKnVectors * kLanes) {
+    KnBlock<KC, kKnVectors>(x + k, ldx, wk, M, N, c, acc, stride);
+  }
+  for (; c < full; c += kLanes) {
+    KnBlock<KC, 1>(x + k, ldx, wk, M, N, c, acc, stride);
   }
   if (tail > 0) {
-    Vec wv[KC];
-    for (int i = 0; i < KC; ++i) wv[i] = LoadPartial(wk + i * N + full, tail);
-    KnRows<KC>(x + k, ldx, M, wv, acc + full, stride);
+    Vec wv[1][KC];
+    for (int i = 0; i < KC; ++i) {
+      wv[0][i] = LoadPartial(wk + i * N + full, tail);
+    }
+    KnRows<KC, 1>(x + k, ldx, M, wv, acc + full, stride);
   }
 }
 
@@ -96,13 +122,12 @@ inline void KnStepPairs(const float* x, int64_t ldx, const uint16_t* w,
                         float* acc, int64_t stride) {
   const uint16_t* wk = w + k * N;
   for (int64_t c = 0; c < paired; c += kPair) {
-    Vec even[KC], odd[KC];
+    Vec wv[2][KC];  // even columns, then odd: running sums in that order
     for (int i = 0; i < KC; ++i) {
       Prefetch(wk + (KC + i) * N + c);
-      LoadPairs(wk + i * N + c, &even[i], &odd[i]);
+      LoadPairs(wk + i * N + c, &wv[0][i], &wv[1][i]);
     }
-    KnRows<KC>(x + k, ldx, M, even, acc + c, stride);
-    KnRows<KC>(x + k, ldx, M, odd, acc + c + kLanes, stride);
+    KnRows<KC, 2>(x + k, ldx, M, wv, acc + c, stride);
   }
 }
 
@@ -212,16 +237,22 @@ inline int64_t KnSlices(int64_t K) {
   return std::max<int64_t>(1, (K + kKSlice - 1) / kKSlice);
 }
 
-// out[i] = partials[0][i] + partials[1][i] + ... (left to right) for the
-// `size` elements of one product, each slice's partials [M, N] f32; sums in
-// place in slice 0.
+// out[i] = partials[0][i] + partials[1][i] + ... (left to right) for
+// elements [i0, min(i1, i0 + kSumPiece)) of one product, each slice's
+// partials [M, N] f32 `size` floats apart.
+constexpr int64_t kSumPiece = 2048;  // elements per call (held in L1)
+
 template <typename O>
-void KnSumSlices(float* partials, int64_t slices, int64_t size, O* out) {
+void KnSumSlices(const float* partials, int64_t slices, int64_t size,
+                 int64_t i0, int64_t i1, O* out) {
+  alignas(kCacheLine) float sum[kSumPiece];
+  const int64_t n = std::min(i1 - i0, kSumPiece);
+  std::copy(partials + i0, partials + i0 + n, sum);
   for (int64_t s = 1; s < slices; ++s) {
-    const float* add = partials + s * size;
-    for (int64_t i = 0; i < size; ++i) partials[i] += add[i];
+    const float* add = partials + s * size + i0;
+    for (int64_t i = 0; i < n; ++i) sum[i] += add[i];
   }
-  for (int64_t i = 0; i < size; ++i) FromF32(partials[i], out + i);
+  for (int64_t i = 0; i < n; ++i) FromF32(sum[i], out + i0 + i);
 }
 
 // ---------------------------------------------------------------------------

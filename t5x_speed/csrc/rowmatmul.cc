@@ -37,6 +37,7 @@
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ffi_threads.h"
@@ -193,7 +194,12 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const int64_t width = std::max<int64_t>(align, 8192 / M / align * align);
   int64_t floats = 0;
   for (const Operand& o : operands) floats += o.batch.count * slices * M * o.N;
-  AlignedVector<float> partials(static_cast<size_t>(floats));
+  // Every partial is written by its task before it is summed: the buffer is
+  // kept from call to call, not cleared (nor its pages faulted in afresh).
+  thread_local AlignedVector<float> partials;
+  if (partials.size() < static_cast<size_t>(floats)) {
+    partials.resize(static_cast<size_t>(floats));
+  }
   std::vector<Task<W, float>> tasks;
   struct Sum {
     float* partials;
@@ -219,9 +225,21 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
     }
   }
   RunTasks(pool, tasks, threads);
+  // The sums, a pass over every partial, shared out too: pieces of
+  // kSumPiece elements of each product.
+  std::vector<std::pair<const Sum*, int64_t>> pieces;
   for (const Sum& sum : sums) {
-    KnSumSlices(sum.partials, slices, sum.size, sum.out);
+    for (int64_t i0 = 0; i0 < sum.size; i0 += kSumPiece) {
+      pieces.emplace_back(&sum, i0);
+    }
   }
+  ParallelFor(pool, static_cast<int64_t>(pieces.size()), threads,
+              [&](int64_t i) {
+                const Sum& sum = *pieces[i].first;
+                const int64_t i0 = pieces[i].second;
+                KnSumSlices(sum.partials, slices, sum.size, i0,
+                            std::min(sum.size, i0 + kSumPiece), sum.out);
+              });
   return ffi::Error::Success();
 }
 
