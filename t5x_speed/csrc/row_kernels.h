@@ -238,21 +238,23 @@ inline int64_t KnSlices(int64_t K) {
 }
 
 // out[i] = partials[0][i] + partials[1][i] + ... (left to right) for
-// elements [i0, min(i1, i0 + kSumPiece)) of one product, each slice's
-// partials [M, N] f32 `size` floats apart.
-constexpr int64_t kSumPiece = 2048;  // elements per call (held in L1)
+// elements [i0, i1) of one product, each slice's partials [M, N] f32 `size`
+// floats apart; kSumPiece elements at a time, their sums held in L1.
+constexpr int64_t kSumPiece = 2048;
 
 template <typename O>
 void KnSumSlices(const float* partials, int64_t slices, int64_t size,
                  int64_t i0, int64_t i1, O* out) {
   alignas(kCacheLine) float sum[kSumPiece];
-  const int64_t n = std::min(i1 - i0, kSumPiece);
-  std::copy(partials + i0, partials + i0 + n, sum);
-  for (int64_t s = 1; s < slices; ++s) {
-    const float* add = partials + s * size + i0;
-    for (int64_t i = 0; i < n; ++i) sum[i] += add[i];
+  for (int64_t p = i0; p < i1; p += kSumPiece) {
+    const int64_t n = std::min(i1 - p, kSumPiece);
+    std::copy(partials + p, partials + p + n, sum);
+    for (int64_t s = 1; s < slices; ++s) {
+      const float* add = partials + s * size + p;
+      for (int64_t i = 0; i < n; ++i) sum[i] += add[i];
+    }
+    for (int64_t i = 0; i < n; ++i) FromF32(sum[i], out + p + i);
   }
-  for (int64_t i = 0; i < n; ++i) FromF32(sum[i], out + i0 + i);
 }
 
 // ---------------------------------------------------------------------------
