@@ -205,13 +205,14 @@ class RowIndependenceTest(parameterized.TestCase):
     self._check((2, 3, 4, 5, 7, 8, 9, 13, 24, 48, rowmatmul.MAX_ROWS), *kn,
                 dtype, transpose_w)
 
-  # Large enough to be split across threads and column chunks; 6 and 7
-  # rows make column chunks of x @ w that are not whole blocks of bf16
-  # pairs.
+  # Large enough to be split across threads and column chunks: up to 12
+  # rows x @ w takes whole rows of w, 13 rows two chunks, 25 rows three,
+  # which where bf16 pairs are widened (not multiplied by the CPU) are not
+  # whole blocks of pairs.
   @parameterized.product(dtype=(F32, BF16), transpose_w=(False, True))
   def test_base_width(self, dtype, transpose_w):
-    self._check((2, 3, 5, 6, 7, 12), 768, 2051 if transpose_w else 2048,
-                dtype, transpose_w)
+    self._check((2, 3, 5, 6, 7, 12, 13, 25), 768,
+                2051 if transpose_w else 2048, dtype, transpose_w)
 
   def _check(self, ms, k, n, dtype, transpose_w):
     """Every M of `ms` in one compiled program; each row against the jitted

@@ -51,8 +51,9 @@ constexpr int kMaxGroupRows = 8;  // rows whose accumulators live in registers
 // A chunk of columns [n0, n1) is done for all M rows at once: KC rows of w
 // are read side by side (KC contiguous streams, which the hardware
 // prefetchers follow), each loaded vector serves every row, and the rows'
-// partial sums live in a small f32 scratch that stays in L1, touched once per
-// KC rows of w. Each sum is still the plain FMA chain over k = 0..K-1.
+// partial sums live in a small f32 scratch that stays in L1 or L2 (the
+// chunk's width is chosen for that, see rowmatmul.cc), touched once per KC
+// rows of w. Each sum is still the plain FMA chain over k = 0..K-1.
 
 constexpr int kKc = 8;  // rows of w per pass over the chunk
 // Vectors of columns per pass: each broadcast of x serves this many FMAs.

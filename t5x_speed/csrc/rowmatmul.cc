@@ -127,6 +127,10 @@ void RunTasks(ffi::ThreadPool& pool, const std::vector<Task<W, O>>& tasks,
               });
 }
 
+// The most running sums (M x chunk width, f32) of an x @ w task: 96 KiB,
+// half of it in L1 on current cores, the rest in L2.
+constexpr int64_t kChunkFloats = 24576;
+
 // x is converted to f32 once (exactly: bf16 -> f32 is a shift), zero-padded
 // to Kp for the dot-product form's vector tail, and serves every weight
 // (where x and w are both bf16 and the CPU multiplies bf16 pairs, x is also
@@ -185,13 +189,21 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
     return ffi::Error::Success();
   }
   // x @ w: each (matrix, K slice, column chunk) is a task writing the
-  // slice's f32 partial products; then each matrix's slices are summed. A
-  // chunk's M x width running sums stay within a 32 KiB L1. With the bf16
-  // pair products, chunks are whole blocks of kPair columns, so the columns
-  // that take them (all but N's last N mod kPair) do not depend on M.
+  // slice's f32 partial products; then each matrix's slices are summed.
+  // Chunks are as wide as kChunkFloats running sums allow: a slice read in
+  // whole rows of w is one run of memory, a narrower chunk one short run
+  // per row, which the prefetchers follow worse; a matrix's chunks are of
+  // one width, with no narrow remainder.
+  // With the bf16 pair products, chunks are whole blocks of kPair columns,
+  // so the columns that take them (all but N's last N mod kPair) do not
+  // depend on M.
   const int64_t slices = KnSlices(K);
   const int64_t align = dot ? kPair : kLanes;
-  const int64_t width = std::max<int64_t>(align, 8192 / M / align * align);
+  const auto chunk_width = [&](int64_t N) {
+    const int64_t chunks = (M * N + kChunkFloats - 1) / kChunkFloats;
+    const int64_t width = (N + chunks - 1) / chunks;
+    return (width + align - 1) / align * align;
+  };
   int64_t floats = 0;
   for (const Operand& o : operands) floats += o.batch.count * slices * M * o.N;
   // Every partial is written by its task before it is summed: the buffer is
@@ -218,6 +230,7 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
         const Problem<W, float> slice{
             p.x + k0, Kp, p.xb == nullptr ? nullptr : p.xb + k0, Kb,
             p.w + k0 * o.N, next, M, std::min(kKSlice, K - k0), o.N, false};
+        const int64_t width = chunk_width(o.N);
         for (int64_t n0 = 0; n0 < o.N; n0 += width) {
           tasks.push_back({slice, n0, std::min(o.N, n0 + width)});
         }
