@@ -200,7 +200,8 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const int64_t slices = KnSlices(K);
   const int64_t align = dot ? kPair : kLanes;
   const auto chunk_width = [&](int64_t N) {
-    const int64_t chunks = (M * N + kChunkFloats - 1) / kChunkFloats;
+    const int64_t chunks =
+        std::max<int64_t>(1, (M * N + kChunkFloats - 1) / kChunkFloats);
     const int64_t width = (N + chunks - 1) / chunks;
     return (width + align - 1) / align * align;
   };
@@ -221,6 +222,7 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   std::vector<Sum> sums;
   float* next = partials.data();
   for (const Operand& o : operands) {
+    const int64_t width = chunk_width(o.N);
     for (int64_t t = 0; t < o.batch.count; ++t) {
       const Problem<W, O> p =
           o.At<W, O>(t, xf.data(), M, Kp, xbp, Kb, false);
@@ -230,7 +232,6 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
         const Problem<W, float> slice{
             p.x + k0, Kp, p.xb == nullptr ? nullptr : p.xb + k0, Kb,
             p.w + k0 * o.N, next, M, std::min(kKSlice, K - k0), o.N, false};
-        const int64_t width = chunk_width(o.N);
         for (int64_t n0 = 0; n0 < o.N; n0 += width) {
           tasks.push_back({slice, n0, std::min(o.N, n0 + width)});
         }
