@@ -192,11 +192,11 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   // slice's f32 partial products; then each matrix's slices are summed.
   // Chunks are as wide as kChunkFloats running sums allow: a slice read in
   // whole rows of w is one run of memory, a narrower chunk one short run
-  // per row, which the prefetchers follow worse; a matrix's chunks are of
-  // one width, with no narrow remainder.
-  // With the bf16 pair products, chunks are whole blocks of kPair columns,
-  // so the columns that take them (all but N's last N mod kPair) do not
-  // depend on M.
+  // per row, which the prefetchers follow worse. A matrix's chunks share
+  // its columns about equally (each rounded up to whole vectors) rather
+  // than leaving a narrow remainder. With the bf16 pair products, chunks
+  // are whole blocks of kPair columns, so the columns that take them (all
+  // but N's last N mod kPair) do not depend on M.
   const int64_t slices = KnSlices(K);
   const int64_t align = dot ? kPair : kLanes;
   const auto chunk_width = [&](int64_t N) {
