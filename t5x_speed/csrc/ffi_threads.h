@@ -42,6 +42,15 @@ inline int NumThreads(int64_t requested) {
   return hardware;
 }
 
+// One wait of a spin loop on another thread's progress.
+inline void Pause() {
+#if defined(__SSE2__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
 // Chunks claimed by the caller and by pool helpers; kept alive by the
 // helpers' shared_ptr in case one starts after the call has returned.
 struct Work {
@@ -96,13 +105,7 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t chunks, int threads,
     });
   }
   work->Drain();
-  while (work->done.load(std::memory_order_acquire) < chunks) {
-#if defined(__SSE2__)
-    _mm_pause();
-#else
-    std::this_thread::yield();
-#endif
-  }
+  while (work->done.load(std::memory_order_acquire) < chunks) Pause();
 }
 
 // Weights below this size run on the calling thread: a helper's wake-up

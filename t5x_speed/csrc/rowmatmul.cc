@@ -131,11 +131,14 @@ void RunTasks(ffi::ThreadPool& pool, const std::vector<Task<W, O>>& tasks,
 // half of it in L1 on current cores, the rest in L2.
 constexpr int64_t kChunkFloats = 24576;
 
-// x is converted to f32 once (exactly: bf16 -> f32 is a shift), zero-padded
-// to Kp for the dot-product form's vector tail, and serves every weight
-// (where x and w are both bf16 and the CPU multiplies bf16 pairs, x is also
-// copied as bf16, zero-padded to whole pairs or blocks of them); W
-// and O are the weight and output element types (float or uint16_t for
+// x serves every weight as f32 rows [.., Kp]: f32 x as it is where that is
+// already its layout, else converted once (exactly: bf16 -> f32 is a shift),
+// zero-padded to Kp for the dot-product form's vector tail (where x and w
+// are both bf16 and the CPU multiplies bf16 pairs, x is also copied as
+// bf16, zero-padded to whole pairs or blocks of them). The copies live in
+// buffers kept from call to call: a fresh allocation of this size goes back
+// to the system when freed, and each call would fault its pages in again.
+// W and O are the weight and output element types (float or uint16_t for
 // bf16). Every (batch element, weight, column chunk) is one task, and all
 // tasks of the call share one ParallelFor, so a call with several weights
 // (q, k and v) waits on its threads once.
@@ -147,20 +150,26 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const int64_t block = paired ? kPair : kLanes;
   const int64_t Kp = transposed ? (K + block - 1) / block * block : K;
   const int64_t rows = operands[0].batch.x_count * M;
-  AlignedVector<float> xf(static_cast<size_t>(rows * Kp), 0.0f);
   const bool x32 = x.element_type() == ffi::DataType::F32;
   const float* xs32 = static_cast<const float*>(x.untyped_data());
   const uint16_t* xs16 = static_cast<const uint16_t*>(x.untyped_data());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t i = r * K + k;
-      xf[r * Kp + (paired ? PairedSlot(k) : k)] =
-          x32 ? xs32[i] : Bf16ToF32(xs16[i]);
+  const float* xf = xs32;
+  thread_local AlignedVector<float> x_copy;
+  if (!x32 || paired || Kp != K) {
+    x_copy.assign(static_cast<size_t>(rows * Kp), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t i = r * K + k;
+        x_copy[r * Kp + (paired ? PairedSlot(k) : k)] =
+            x32 ? xs32[i] : Bf16ToF32(xs16[i]);
+      }
     }
+    xf = x_copy.data();
   }
   const bool dot = kBf16Dot && std::is_same_v<W, uint16_t> && !x32;
   const int64_t Kb = transposed ? (K + kPair - 1) / kPair * kPair : K + K % 2;
-  AlignedVector<uint16_t> xb(dot ? static_cast<size_t>(rows * Kb) : 0, 0);
+  thread_local AlignedVector<uint16_t> xb;
+  xb.assign(dot ? static_cast<size_t>(rows * Kb) : 0, 0);
   for (int64_t r = 0; dot && r < rows; ++r) {
     std::copy(xs16 + r * K, xs16 + (r + 1) * K, xb.data() + r * Kb);
   }
@@ -178,7 +187,7 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                          kMinParallelBytes;
       for (int64_t t = 0; t < o.batch.count; ++t) {
         const Problem<W, O> p =
-            o.At<W, O>(t, xf.data(), M, Kp, xbp, Kb, true);
+            o.At<W, O>(t, xf, M, Kp, xbp, Kb, true);
         const int64_t per = split ? ChunkColumns(p, threads) : o.N;
         for (int64_t n0 = 0; n0 < o.N; n0 += per) {
           tasks.push_back({p, n0, std::min(o.N, n0 + per)});
@@ -213,19 +222,25 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   if (partials.size() < static_cast<size_t>(floats)) {
     partials.resize(static_cast<size_t>(floats));
   }
-  std::vector<Task<W, float>> tasks;
+  // Each product's sum waits for its slices (`pending` of them) and is cut
+  // into pieces of kSumPiece elements. Pieces are claimed after every slice
+  // task in the same ParallelFor, so a thread that runs out of slices sums
+  // while the others finish theirs, and a piece only ever waits on slice
+  // tasks already under way.
   struct Sum {
     float* partials;
     int64_t size;
     O* out;
   };
   std::vector<Sum> sums;
+  std::vector<Task<W, float>> tasks;
+  std::vector<int64_t> task_sum;  // tasks[i] adds to sums[task_sum[i]]
   float* next = partials.data();
   for (const Operand& o : operands) {
     const int64_t width = chunk_width(o.N);
     for (int64_t t = 0; t < o.batch.count; ++t) {
       const Problem<W, O> p =
-          o.At<W, O>(t, xf.data(), M, Kp, xbp, Kb, false);
+          o.At<W, O>(t, xf, M, Kp, xbp, Kb, false);
       sums.push_back({next, M * o.N, p.out});
       for (int64_t s = 0; s < slices; ++s, next += M * o.N) {
         const int64_t k0 = s * kKSlice;
@@ -234,23 +249,34 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
             p.w + k0 * o.N, next, M, std::min(kKSlice, K - k0), o.N, false};
         for (int64_t n0 = 0; n0 < o.N; n0 += width) {
           tasks.push_back({slice, n0, std::min(o.N, n0 + width)});
+          task_sum.push_back(static_cast<int64_t>(sums.size()) - 1);
         }
       }
     }
   }
-  RunTasks(pool, tasks, threads);
-  // The sums, a pass over every partial, shared out too: pieces of
-  // kSumPiece elements of each product.
-  std::vector<std::pair<const Sum*, int64_t>> pieces;
-  for (const Sum& sum : sums) {
-    for (int64_t i0 = 0; i0 < sum.size; i0 += kSumPiece) {
-      pieces.emplace_back(&sum, i0);
+  std::unique_ptr<std::atomic<int64_t>[]> pending(
+      new std::atomic<int64_t>[sums.size()]);
+  for (size_t i = 0; i < sums.size(); ++i) pending[i] = 0;
+  for (const int64_t i : task_sum) ++pending[i];
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // (sum, first element)
+  for (size_t i = 0; i < sums.size(); ++i) {
+    for (int64_t i0 = 0; i0 < sums[i].size; i0 += kSumPiece) {
+      pieces.emplace_back(static_cast<int64_t>(i), i0);
     }
   }
-  ParallelFor(pool, static_cast<int64_t>(pieces.size()), threads,
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  ParallelFor(pool, n_tasks + static_cast<int64_t>(pieces.size()), threads,
               [&](int64_t i) {
-                const Sum& sum = *pieces[i].first;
-                const int64_t i0 = pieces[i].second;
+                if (i < n_tasks) {
+                  RunColumns(tasks[i].p, tasks[i].n0, tasks[i].n1);
+                  pending[task_sum[i]].fetch_sub(1, std::memory_order_release);
+                  return;
+                }
+                const auto [which, i0] = pieces[i - n_tasks];
+                while (pending[which].load(std::memory_order_acquire) > 0) {
+                  Pause();
+                }
+                const Sum& sum = sums[which];
                 KnSumSlices(sum.partials, slices, sum.size, i0,
                             std::min(sum.size, i0 + kSumPiece), sum.out);
               });
