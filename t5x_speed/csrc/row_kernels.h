@@ -26,9 +26,10 @@
 //     which columns these are does not depend on M); for x @ w.T lane l
 //     takes pairs 2l, 2l + 1 of each block of 2 * lanes.
 //
-// Memory: M <= 8 rows keep all their accumulators in registers while a
-// column block of w streams through once; more rows are done in groups of 8
-// inside each column block, whose weights are then still in L2.
+// Memory: x @ w.T keeps all rows' accumulators in registers while a few rows
+// of w stream through once, up to 8 rows (12 for f32 x and w); more rows are
+// done in such groups inside each column block, whose weights are then
+// still in L2.
 
 #ifndef T5X_SPEED_CSRC_ROW_KERNELS_H_
 #define T5X_SPEED_CSRC_ROW_KERNELS_H_
@@ -43,7 +44,18 @@
 
 namespace t5x_speed_kernels {
 
-constexpr int kMaxGroupRows = 8;  // rows whose accumulators live in registers
+// Rows of x @ w.T whose accumulators live in registers together (a row
+// group): 8, or 12 where x and w are f32 (12 rows x 2 columns). Up to 12
+// rows then read each row of w once for all of them, where a second group
+// would read it again from L2 while nothing streams from memory; the bf16
+// forms also hold x's blocks in registers.
+constexpr int kMaxGroupRows = 8;
+constexpr int kMaxF32GroupRows = 12;
+
+template <typename W>
+constexpr int MaxGroupRows() {
+  return std::is_same_v<W, float> ? kMaxF32GroupRows : kMaxGroupRows;
+}
 
 // ---------------------------------------------------------------------------
 // out = x @ w, w [K, N] row-major.
@@ -300,23 +312,26 @@ inline void NkPairBlocks(const uint16_t* w, int64_t K, int64_t j,
   }
 }
 
-// Output columns [j, j + J) of M rows. `x` is [M, Kp] f32, zero-padded to
-// Kp = K rounded up to kLanes, so the K tail is one more lane-wise FMA.
-template <int M, int J, typename W, typename O>
-void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
-             int64_t N, int64_t j) {
+// Output columns [j, j + J) of M rows. `x` holds the M rows of one row group
+// (see RunRowGroups), zero-padded to Kp = K rounded up to kLanes (so the K
+// tail is one more lane-wise FMA), in blocks of kLanes columns: block b of
+// row r at x + (b * M + r) * kLanes (XBlocks). The rows' offsets within a
+// block are constants, so the loop holds one pointer to x, not one per row.
+template <int M, int J, typename O>
+void NkGroup(const float* x, const float* w, O* out, int64_t K, int64_t N,
+             int64_t j) {
   Vec acc[M][J];
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < J; ++c) acc[r][c] = Zero();
   int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
+  for (; k + kLanes <= K; k += kLanes, x += M * kLanes) {
     Vec wv[J];
     for (int c = 0; c < J; ++c) {
       Prefetch(w + (j + J + c) * K + k);
       wv[c] = Load(w + (j + c) * K + k);
     }
     for (int r = 0; r < M; ++r) {
-      const Vec xv = Load(x + r * Kp + k);
+      const Vec xv = Load(x + r * kLanes);
       for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
     }
   }
@@ -325,7 +340,7 @@ void NkGroup(const float* x, int64_t Kp, const W* w, O* out, int64_t K,
     Vec wv[J];
     for (int c = 0; c < J; ++c) wv[c] = LoadPartial(w + (j + c) * K + k, tail);
     for (int r = 0; r < M; ++r) {
-      const Vec xv = Load(x + r * Kp + k);
+      const Vec xv = Load(x + r * kLanes);
       for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
     }
   }
@@ -384,11 +399,13 @@ void NkGroupDot(const uint16_t* xb, int64_t Kb, const uint16_t* w, O* out,
 #endif
 
 // ---------------------------------------------------------------------------
-// Row-group dispatch: rows [0, M) in groups of up to kMaxGroupRows.
+// Row-group dispatch: rows [0, M) in groups of up to MaxGroupRows<W>().
 
 template <typename W, typename O>
 struct Problem {
-  const float* x;  // [M, Kp] f32
+  // x in f32, [M, Kp]; for x @ w.T with f32 w, each row group's rows in
+  // NkGroup's blocks (XBlocks).
+  const float* x;
   int64_t Kp;
   // x in bf16 for the hardware's bf16 pairs ([M, Kb], see NkGroupDot and
   // KnStepDot), or null: set only where x and w are both bf16 and kBf16Dot.
@@ -413,7 +430,7 @@ inline void NkColumnsAt(const Problem<W, O>& p, int64_t r0, int64_t j) {
 #endif
     NkGroupPairs<M, J>(x, p.Kp, p.w, out, p.K, p.N, j);
   } else {
-    NkGroup<M, J>(x, p.Kp, p.w, out, p.K, p.N, j);
+    NkGroup<M, J>(x, p.w, out, p.K, p.N, j);
   }
 }
 
@@ -434,8 +451,10 @@ constexpr int64_t kNtBlock = 120;
 
 template <typename W, typename O>
 void RunRowGroups(const Problem<W, O>& p, int64_t n0, int64_t n1) {
-  for (int64_t r0 = 0; r0 < p.M; r0 += kMaxGroupRows) {
-    switch (std::min<int64_t>(kMaxGroupRows, p.M - r0)) {
+  constexpr int kRows = MaxGroupRows<W>();
+  static_assert(kRows == 8 || kRows == 12, "RunRowGroups' cases");
+  for (int64_t r0 = 0; r0 < p.M; r0 += kRows) {
+    switch (std::min<int64_t>(kRows, p.M - r0)) {
       case 1: RunGroup<1>(p, r0, n0, n1); break;
       case 2: RunGroup<2>(p, r0, n0, n1); break;
       case 3: RunGroup<3>(p, r0, n0, n1); break;
@@ -443,9 +462,22 @@ void RunRowGroups(const Problem<W, O>& p, int64_t n0, int64_t n1) {
       case 5: RunGroup<5>(p, r0, n0, n1); break;
       case 6: RunGroup<6>(p, r0, n0, n1); break;
       case 7: RunGroup<7>(p, r0, n0, n1); break;
-      default: RunGroup<8>(p, r0, n0, n1); break;
+      case 8: RunGroup<8>(p, r0, n0, n1); break;
+      case 9: if constexpr (kRows > 8) RunGroup<9>(p, r0, n0, n1); break;
+      case 10: if constexpr (kRows > 8) RunGroup<10>(p, r0, n0, n1); break;
+      case 11: if constexpr (kRows > 8) RunGroup<11>(p, r0, n0, n1); break;
+      default: if constexpr (kRows > 8) RunGroup<12>(p, r0, n0, n1); break;
     }
   }
+}
+
+// Where element k of row r of an M-row x @ w.T with f32 w goes in x's copy
+// ([M, Kp] floats): in RunRowGroups' row groups, each group's G rows as
+// [Kp / kLanes, G, kLanes] (NkGroup).
+inline int64_t XBlocks(int64_t M, int64_t Kp, int64_t r, int64_t k) {
+  const int64_t r0 = r / kMaxF32GroupRows * kMaxF32GroupRows;
+  const int64_t G = std::min<int64_t>(kMaxF32GroupRows, M - r0);
+  return r0 * Kp + (k / kLanes * G + r - r0) * kLanes + k % kLanes;
 }
 
 template <typename W, typename O>
@@ -457,7 +489,7 @@ void RunColumns(const Problem<W, O>& p, int64_t n0, int64_t n1) {
     }
     return;
   }
-  if (p.M <= kMaxGroupRows) {
+  if (p.M <= MaxGroupRows<W>()) {
     RunRowGroups(p, n0, n1);
     return;
   }

@@ -131,8 +131,9 @@ void RunTasks(ffi::ThreadPool& pool, const std::vector<Task<W, O>>& tasks,
 // half of it in L1 on current cores, the rest in L2.
 constexpr int64_t kChunkFloats = 24576;
 
-// x serves every weight as f32 rows [.., Kp]: f32 x as it is where that is
-// already its layout, else converted once (exactly: bf16 -> f32 is a shift),
+// x serves every weight as f32 rows [.., Kp] (x @ w.T with f32 w takes them
+// in NkGroup's blocks): f32 x as it is where that is already its layout,
+// else copied once (bf16 converted exactly: bf16 -> f32 is a shift),
 // zero-padded to Kp for the dot-product form's vector tail (where x and w
 // are both bf16 and the CPU multiplies bf16 pairs, x is also copied as
 // bf16, zero-padded to whole pairs or blocks of them). The copies live in
@@ -147,6 +148,7 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                     const std::vector<Operand>& operands, int64_t M,
                     int64_t K, bool transposed, int max_threads) {
   const bool paired = transposed && std::is_same_v<W, uint16_t>;
+  const bool blocked = transposed && std::is_same_v<W, float>;
   const int64_t block = paired ? kPair : kLanes;
   const int64_t Kp = transposed ? (K + block - 1) / block * block : K;
   const int64_t rows = operands[0].batch.x_count * M;
@@ -155,13 +157,17 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const uint16_t* xs16 = static_cast<const uint16_t*>(x.untyped_data());
   const float* xf = xs32;
   thread_local AlignedVector<float> x_copy;
-  if (!x32 || paired || Kp != K) {
+  if (!x32 || paired || blocked || Kp != K) {
     x_copy.assign(static_cast<size_t>(rows * Kp), 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t matrix = r / M * M * Kp;  // one batch element's rows
       for (int64_t k = 0; k < K; ++k) {
         const int64_t i = r * K + k;
-        x_copy[r * Kp + (paired ? PairedSlot(k) : k)] =
-            x32 ? xs32[i] : Bf16ToF32(xs16[i]);
+        const int64_t slot =
+            paired    ? r * Kp + PairedSlot(k)
+            : blocked ? matrix + XBlocks(M, Kp, r % M, k)
+                      : r * Kp + k;
+        x_copy[slot] = x32 ? xs32[i] : Bf16ToF32(xs16[i]);
       }
     }
     xf = x_copy.data();
