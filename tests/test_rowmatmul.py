@@ -202,7 +202,8 @@ class RowIndependenceTest(parameterized.TestCase):
   @parameterized.product(kn=((37, 5), (8, 1), (1, 9), (100, 130), (301, 37)),
                          dtype=(F32, BF16), transpose_w=(False, True))
   def test_small(self, kn, dtype, transpose_w):
-    self._check((2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 24, 48, rowmatmul.MAX_ROWS),
+    self._check((2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 24, 48,
+                 rowmatmul.MAX_ROWS),
                 *kn, dtype, transpose_w)
 
   # Large enough to be split across threads and column chunks: up to 12
