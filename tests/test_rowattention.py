@@ -32,16 +32,22 @@ needs_kernel = absltest.skipUnless(rowmatmul.available(),
 
 
 def _case(batch, slots, stages, length, dtype, seed, heads=3, dim=20,
-          positions=None):
+          positions=None, gaps=False):
   """(query, keys, values, bias, new_keys, new_values, positions) with
   T5X's -1e10 mask after each slot's position (-1: an empty slot, every key
-  masked and nothing written; >= length: nothing written)."""
+  masked and nothing written; >= length: nothing written); with `gaps`, a
+  third of the keys before it masked too (not the slot's own key)."""
   rng = np.random.RandomState(seed)
   draw = lambda *s: rng.standard_normal(s).astype(np.float32)
   if positions is None:
     positions = rng.randint(-1, length + 2, size=(batch, slots))
   positions = np.asarray(positions, np.int32)
-  visible = np.arange(length) <= positions[..., None, None]
+  keys = np.arange(length)
+  visible = keys <= positions[..., None, None]
+  if gaps:
+    visible = visible & (
+        (rng.uniform(size=(batch, slots, heads, length)) < 2 / 3) |
+        (keys == positions[..., None, None]))
   bias = np.where(visible, draw(batch, slots, heads, length), -1e10)
   arrays = [draw(batch, slots, heads, dim),
             draw(stages, batch, heads, length, dim),
@@ -69,12 +75,17 @@ class ValuesTest(parameterized.TestCase):
     XLA's scatter writes them, the context against XLA's attention, and
     each slot bit-identical to the same slot attended alone."""
     cases = []
-    for (batch, slots, stages, length), order in itertools.product(
-        ((1, 1, 1, 9), (2, 3, 3, 17), (3, 2, 4, 40)), ('same', 'mixed')):
+    # Lengths below, at and past whole vectors of keys; head widths of a
+    # partial vector (20), of whole ones (64) and wider than the kernel
+    # keeps in registers (144); masks with gaps.
+    for (batch, slots, stages, length, dim, gaps), order in itertools.product(
+        ((1, 1, 1, 9, 20, False), (2, 3, 3, 17, 20, False),
+         (3, 2, 4, 40, 20, False), (2, 2, 2, 33, 64, True),
+         (1, 2, 3, 21, 144, True)), ('same', 'mixed')):
       chosen = (tuple(range(slots)) if order == 'same' else
                 tuple((3 * s + 1) % stages for s in range(slots)))
       cases.append((chosen, _case(batch, slots, stages, length, dtype,
-                                  seed=len(cases))))
+                                  seed=len(cases), dim=dim, gaps=gaps)))
     run = jax.jit(lambda arrays: [_attend(a, st)
                                   for (st, _), a in zip(cases, arrays)])
     outs = run([a for _, a in cases])
@@ -103,13 +114,20 @@ class ValuesTest(parameterized.TestCase):
                                       f'{case}: slot {s}')
 
   def test_masked_keys_are_not_read(self):
-    """Keys after a row's position have weight 0 whatever they hold; a row
-    with every key masked attends to all of them, as XLA's softmax does."""
-    arrays = _case(1, 2, 2, 12, F32, seed=5, positions=[[4, -1]])
+    """Masked keys have weight 0 whatever their keys and values hold, after
+    a row's position and between visible keys; a row with every key masked
+    attends to all of them, as XLA's softmax does."""
+    arrays = _case(1, 3, 3, 40, F32, seed=5, positions=[[30, -1, 35]],
+                   gaps=True)
+    masked = np.asarray(arrays[3] < -1e9)[0]  # [slots, heads, length]
     poisoned = list(arrays)
-    poisoned[1] = arrays[1].at[0, :, :, 5:].set(jnp.nan)
-    got = _attend(poisoned, (0, 1))[0]
-    want = _attend(arrays, (0, 1), force_xla=True)[0]
+    for s, stage in ((0, 0), (2, 2)):  # slot 1 attends to every key
+      for i in (1, 2):
+        poisoned[i] = poisoned[i].at[stage, 0].set(
+            jnp.where(masked[s][..., None], jnp.nan, arrays[i][stage, 0]))
+    self.assertTrue(masked[0, :, :30].any())  # gaps before the position
+    got = _attend(poisoned, (0, 1, 2))[0]
+    want = _attend(arrays, (0, 1, 2), force_xla=True)[0]
     self.assertTrue(np.isfinite(np.asarray(got)).all())
     np.testing.assert_allclose(got, want, atol=1e-5)
 

@@ -75,7 +75,7 @@ ffi::Error Attend(ffi::ThreadPool& pool, const ffi::AnyBuffer& query,
   const int64_t Dp = (D + kLanes - 1) / kLanes * kLanes;
   ParallelFor(pool, chunks, threads, [&](int64_t c) {
     thread_local AlignedVector<float> scratch;
-    scratch.resize(static_cast<size_t>(L + 2 * Dp));
+    scratch.resize(static_cast<size_t>(L + kLanes + 2 * Dp));
     for (int64_t row = c * per; row < std::min(rows, (c + 1) * per); ++row) {
       // row = ((vi * Bn + bi) * S + si) * H + hi
       const int64_t hi = row % H, si = row / H % S, bi = row / (H * S) % Bn,

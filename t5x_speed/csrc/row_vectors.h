@@ -1,7 +1,8 @@
 // Vector types and element conversions for the few-row kernels, one set per
 // instruction set chosen at compile time (the library is built with
 // -march=native on the machine that runs it): f32 vectors, bf16 loads in
-// pairs, and AVX512_BF16's pair products where the CPU has them.
+// pairs, AVX512_BF16's pair products where the CPU has them, and what the
+// attention takes across keys (horizontal sums of many vectors, max, exp).
 
 #ifndef T5X_SPEED_CSRC_ROW_VECTORS_H_
 #define T5X_SPEED_CSRC_ROW_VECTORS_H_
@@ -107,6 +108,56 @@ inline float ReduceAdd(Vec v) {
   const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
+// Lane i = ReduceAdd(v[i]) for kLanes vectors: the same additions, in the
+// same tree, done for all of them at once.
+inline Vec ReduceAddLanes(const Vec (&v)[kLanes]) {
+  Vec u[8], w[4], z[2];
+  for (int i = 0; i < 8; ++i) {  // 16 -> 8: lane i + lane i + 8
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+  }
+  for (int i = 0; i < 4; ++i) {  // 8 -> 4: i + (i + 4)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xdd));
+  }
+  for (int i = 0; i < 2; ++i) {  // 4 -> 2: i + (i + 2)
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xee));
+  }
+  // 2 -> 1; element 4m + p then holds vector m + 4p's sum.
+  const Vec f = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88),
+                              _mm512_shuffle_ps(z[0], z[1], 0xdd));
+  return _mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+      f);
+}
+inline float ReduceMax(Vec v) { return _mm512_reduce_max_ps(v); }
+// Lanes of t where b <= limit set to -inf.
+inline Vec MaskedWhere(Vec t, Vec b, float limit) {
+  return _mm512_mask_mov_ps(
+      t, _mm512_cmp_ps_mask(b, _mm512_set1_ps(limit), _CMP_LE_OQ),
+      _mm512_set1_ps(-INFINITY));
+}
+inline Vec Add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec Sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec Mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+// b where either is NaN, as x86's maxps (also in the other builds).
+inline Vec Max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec Min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline Vec RoundNearest(Vec v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT |
+                                     _MM_FROUND_NO_EXC);
+}
+// 2^n for whole n in [-126, 127].
+inline Vec Pow2(Vec n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+// Lanes of v below `limit` set to 0 (a NaN lane is kept).
+inline Vec ZeroBelow(Vec v, Vec x, float limit) {
+  return _mm512_maskz_mov_ps(
+      _mm512_cmp_ps_mask(x, _mm512_set1_ps(limit), _CMP_NLT_UQ), v);
+}
 constexpr const char* kIsa = T5X_SPEED_BF16_DOT ? "avx512_bf16" : "avx512";
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int kLanes = 8;
@@ -139,6 +190,49 @@ inline float ReduceAdd(Vec v) {
   const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
   return _mm_cvtss_f32(s1);
 }
+// Lane i = ReduceAdd(v[i]) for kLanes vectors: the same additions, in the
+// same tree, done for all of them at once.
+inline Vec ReduceAddLanes(const Vec (&v)[kLanes]) {
+  Vec u[4], w[2];
+  for (int i = 0; i < 4; ++i) {  // 8 -> 4: lane i + lane i + 4
+    u[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+  }
+  for (int i = 0; i < 2; ++i) {  // 4 -> 2: i + (i + 2)
+    w[i] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44),
+                         _mm256_shuffle_ps(u[2 * i], u[2 * i + 1], 0xee));
+  }
+  // 2 -> 1; element 4m + p then holds vector m + 2p's sum.
+  const Vec f = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], 0x88),
+                              _mm256_shuffle_ps(w[0], w[1], 0xdd));
+  return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+inline float ReduceMax(Vec v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+inline Vec MaskedWhere(Vec t, Vec b, float limit) {
+  return _mm256_blendv_ps(
+      t, _mm256_set1_ps(-INFINITY),
+      _mm256_cmp_ps(b, _mm256_set1_ps(limit), _CMP_LE_OQ));
+}
+inline Vec Add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec Sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec Mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec Max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec Min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec RoundNearest(Vec v) {
+  return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline Vec Pow2(Vec n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline Vec ZeroBelow(Vec v, Vec x, float limit) {
+  return _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(limit),
+                                        _CMP_NLT_UQ));
+}
 constexpr const char* kIsa = "avx2";
 #else
 // Portable path: one lane, std::fma, same arithmetic contract.
@@ -159,7 +253,39 @@ inline void StorePairs(float* p, Vec even, Vec odd) {
 }
 inline void Store(float* p, Vec v) { *p = v; }
 inline float ReduceAdd(Vec v) { return v; }
+inline Vec ReduceAddLanes(const Vec (&v)[kLanes]) { return v[0]; }
+inline float ReduceMax(Vec v) { return v; }
+inline Vec MaskedWhere(Vec t, Vec b, float limit) {
+  return b <= limit ? -INFINITY : t;
+}
+inline Vec Max(Vec a, Vec b) { return a > b ? a : b; }
+inline Vec Add(Vec a, Vec b) { return a + b; }
+inline Vec Sub(Vec a, Vec b) { return a - b; }
 constexpr const char* kIsa = "portable";
+#endif
+
+// exp(x) lane by lane: Cephes' expf (x = n ln 2 + r, |r| <= ln 2 / 2, a
+// degree-6 polynomial in r, times 2^n), within 2 ulp of the exact value;
+// 0 below ln(FLT_MIN), so no denormal results; x above 88 is taken as 88;
+// a NaN lane stays NaN. The portable build takes std::exp.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+inline Vec Exp(Vec x) {
+  constexpr float kMin = -87.33654f;  // ln(FLT_MIN)
+  const Vec xc = Min(Set1(88.0f), Max(Set1(kMin), x));
+  const Vec n = RoundNearest(Mul(xc, Set1(1.44269504088896341f)));
+  Vec r = Fma(n, Set1(-0.693359375f), xc);
+  r = Fma(n, Set1(2.12194440e-4f), r);
+  Vec p = Set1(1.9875691500e-4f);
+  p = Fma(p, r, Set1(1.3981999507e-3f));
+  p = Fma(p, r, Set1(8.3334519073e-3f));
+  p = Fma(p, r, Set1(4.1665795894e-2f));
+  p = Fma(p, r, Set1(1.6666665459e-1f));
+  p = Fma(p, r, Set1(5.0000001201e-1f));
+  p = Fma(p, Mul(r, r), Add(r, Set1(1.0f)));
+  return ZeroBelow(Mul(p, Pow2(n)), x, kMin);
+}
+#else
+inline Vec Exp(Vec x) { return std::exp(x); }
 #endif
 
 // bf16 in pairs: LoadPairs reads kPair bf16 and returns the even-indexed
