@@ -434,10 +434,11 @@ def _x86_flags():
 
 
 # Each narrower build of the kernel than the host's own, in a subprocess (one
-# process registers one library): its instruction set and its values against
-# NumPy (both forms, f32 and bf16 weights, paired / whole-vector / tail
-# columns and k, 1-12 rows) and row independence. CXX's flags are part of
-# the build's cache key, so each variant is its own binary.
+# process registers one library): its instruction set, its matmul values
+# against NumPy (both forms, f32 and bf16 weights, paired / whole-vector /
+# tail columns and k, 1-12 rows) and its attention against XLA's, each with
+# row independence. CXX's flags are part of the build's cache key, so each
+# variant is its own binary.
 _VARIANT_CHECK = """
 import numpy as np, jax, jax.numpy as jnp
 from t5x_speed import rowmatmul as r
@@ -460,6 +461,42 @@ for transpose_w in (False, True):
         alone = r.matmul(x[i:i + 1], w, transpose_w=transpose_w)
         assert np.array_equal(np.asarray(alone[0], np.float32),
                               got[i].astype(np.float32)), (transpose_w, i)
+# The attention (across keys where a head is narrow: horizontal sums, max,
+# exp): against XLA's, and each slot alone. Masks with gaps, an empty slot
+# (every key masked), head widths of a partial vector, whole vectors and
+# more than the registers hold.
+from t5x_speed import rowattention as ra
+
+def attend(q, k, v, bias, st):  # the kernel, XLA's reference, each slot alone
+  f32 = [jnp.asarray(a, jnp.float32) for a in (q, k, v, bias)]
+  return (ra.attention(q, k, v, bias, stages=st), ra.reference(*f32, st),
+          [ra.attention(q[:, i:i + 1], k, v, bias[:, i:i + 1], stages=(s,))
+           for i, s in enumerate(st)])
+
+attend = jax.jit(attend, static_argnums=4)
+for dtype in (jnp.float32, jnp.bfloat16):
+  for b, slots, stages, length, dim in ((1, 1, 1, 9, 20), (2, 3, 3, 33, 64),
+                                        (1, 2, 2, 40, 144)):
+    draw = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+    position = rng.randint(0, length, (b, slots))
+    position[0, -1] = -1
+    keys = np.arange(length)
+    visible = (keys <= position[..., None, None]) & (
+        (rng.uniform(size=(b, slots, 3, length)) < 2 / 3) |
+        (keys == position[..., None, None]))
+    q, k, v = draw(b, slots, 3, dim), draw(stages, b, 3, length, dim), draw(
+        stages, b, 3, length, dim)
+    bias = np.where(visible, draw(b, slots, 3, length), -1e10)
+    q, k, v, bias = (jnp.asarray(a, dtype) for a in (q, k, v, bias))
+    st = tuple((2 * i + 1) % stages for i in range(slots))
+    got, ref, alone = attend(q, k, v, bias, st)
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    tol = 1e-5 * float(np.abs(np.asarray(v, np.float32)).max())
+    tol = tol + (2.0**-8 * np.abs(ref) if dtype == jnp.bfloat16 else 0)
+    assert np.all(np.abs(got - ref) <= tol), (dtype, dim)
+    for i, one in enumerate(alone):
+      assert np.array_equal(np.asarray(one[:, 0], np.float32),
+                            got[:, i].astype(np.float32)), (dtype, dim, i)
 print('ok')
 """
 
@@ -469,7 +506,8 @@ print('ok')
                      'builds)')
 class InstructionSetVariantsTest(parameterized.TestCase):
   """The code paths of narrower builds than the host's: AVX-512 without bf16
-  pair products (which widens bf16 weights to f32), AVX2 and portable."""
+  pair products (which widens bf16 weights to f32), AVX2 and portable, for
+  the weight products and the attention."""
 
   @parameterized.parameters(
       ('avx512', '-mno-avx512bf16', set()),
