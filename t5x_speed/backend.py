@@ -229,11 +229,11 @@ def choose_matmul(rows: int, weight_elements: int) -> Matmul:
 
 
 def kernel_matmul(x: Array, w: Array, *, transpose_w: bool = False,
-                  cols: Optional[int] = None) -> Array:
+                  cols: Optional[int] = None, scale: float = 1.0) -> Array:
   """`rowmatmul.matmul` with the threads of the decode step being traced."""
   numerics = decode_numerics() or DecodeNumerics()
   return rowmatmul.matmul(x, w, transpose_w=transpose_w, cols=cols,
-                          threads=numerics.kernel_threads)
+                          scale=scale, threads=numerics.kernel_threads)
 
 
 def kernel_matmuls(x: Array, ws: Sequence[Array]) -> Tuple[Array, ...]:

@@ -182,12 +182,15 @@ class Embed(nn.Module):
     table = jnp.asarray(self.embedding, self.dtype)
     return backend.move_values(lambda t, i: t[i], (table,), tokens)
 
-  def attend(self, query: Array, vocab_limit: Optional[int] = None) -> Array:
+  def attend(self, query: Array, vocab_limit: Optional[int] = None,
+             scale: float = 1.0) -> Array:
     """Scores `query` [..., features] against the rows, in float32.
 
-    `vocab_limit` scores only the first `vocab_limit` rows. In a decode step
-    the kernel reads the table as stored (bf16 or f32) without a converted
-    copy; the arithmetic is float32 either way.
+    `vocab_limit` scores only the first `vocab_limit` rows; every score is
+    multiplied by float32(`scale`). In a decode step the kernel reads the
+    table as stored (bf16 or f32) without a converted copy and scales each
+    score as it stores it; the arithmetic is float32 either way, and the
+    scores are bit-identical on every path but the dot products' own.
     """
     query = jnp.asarray(query, jnp.float32)
     rows = int(np.prod(query.shape[:-1]))
@@ -195,13 +198,15 @@ class Embed(nn.Module):
     path = backend.choose_matmul(rows, scored * self.features)
     if path is backend.Matmul.KERNEL:
       return backend.kernel_matmul(query, self.embedding, transpose_w=True,
-                                   cols=vocab_limit)
+                                   cols=vocab_limit, scale=scale)
     table = jnp.asarray(self.embedding, jnp.float32)
     if vocab_limit is not None:
       table = table[:vocab_limit]
     if path is backend.Matmul.ROW_MATVECS:
-      return _per_row(query, query.ndim - 1, lambda row: jnp.dot(table, row))
-    return jnp.dot(query, table.T)
+      scores = _per_row(query, query.ndim - 1, lambda row: jnp.dot(table, row))
+    else:
+      scores = jnp.dot(query, table.T)
+    return scores if scale == 1.0 else scores * np.float32(scale)
 
 
 def relative_position_bucket(distance: np.ndarray, num_buckets: int,

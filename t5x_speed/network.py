@@ -198,7 +198,10 @@ class Decoder(nn.Module):
     """
     y = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if self.config.logits_via_embedding:
-      return self.embedder.attend(y, vocab_limit) / jnp.sqrt(y.shape[-1])
+      # T5X's 1/sqrt(emb) of tied logits, as the float32 multiply XLA makes
+      # of its division by jnp.sqrt(emb); the kernel applies it as it stores.
+      scale = np.float32(1) / np.sqrt(np.float32(y.shape[-1]))
+      return self.embedder.attend(y, vocab_limit, scale=float(scale))
     logits = self.logits_dense(y)
     return logits if vocab_limit is None else logits[..., :vocab_limit]
 

@@ -257,37 +257,42 @@ def available() -> bool:
 
 
 def _ffi(x: Array, ws: Tuple[Array, ...], ns: Tuple[int, ...],
-         transpose_w: bool, dtype, threads: int) -> Tuple[Array, ...]:
+         transpose_w: bool, dtype, threads: int,
+         scale: float) -> Tuple[Array, ...]:
   call = jax.ffi.ffi_call(
       _TARGETS[transpose_w],
       tuple(jax.ShapeDtypeStruct((x.shape[0], n), dtype) for n in ns),
       # One call for all vmapped matrices: the kernel takes leading batch
       # axes (size 1 = broadcast).
       vmap_method='expand_dims')
-  return tuple(call(x, *ws, threads=np.int64(threads)))
+  attrs = {'threads': np.int64(threads)}
+  if transpose_w:
+    attrs['scale'] = np.float32(scale)
+  return tuple(call(x, *ws, **attrs))
 
 
 # The kernel is a forward-only custom call; the backward pass (if a few-row
 # matmul is ever differentiated, e.g. a decode step under grad) uses XLA's
 # dots, in f32 for mixed operands, each gradient cast to its operand's dtype.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
 def _kernel(x: Array, ws: Tuple[Array, ...], ns: Tuple[int, ...],
-            transpose_w: bool, dtype, threads: int) -> Tuple[Array, ...]:
-  return _ffi(x, ws, ns, transpose_w, dtype, threads)
+            transpose_w: bool, dtype, threads: int,
+            scale: float) -> Tuple[Array, ...]:
+  return _ffi(x, ws, ns, transpose_w, dtype, threads, scale)
 
 
-def _kernel_fwd(x, ws, ns, transpose_w, dtype, threads):
-  return _ffi(x, ws, ns, transpose_w, dtype, threads), (x, ws)
+def _kernel_fwd(x, ws, ns, transpose_w, dtype, threads, scale):
+  return _ffi(x, ws, ns, transpose_w, dtype, threads, scale), (x, ws)
 
 
-def _kernel_bwd(ns, transpose_w, dtype, threads, res, gs):
+def _kernel_bwd(ns, transpose_w, dtype, threads, scale, res, gs):
   del dtype, threads
   x, ws = res
   f32 = lambda a: a.astype(jnp.float32)
   dx = jnp.zeros(x.shape, jnp.float32)
   dws = []
   for w, n, g in zip(ws, ns, gs):
-    g = f32(g)
+    g = f32(g) * np.float32(scale)
     if transpose_w:
       dx = dx + jnp.dot(g, f32(w[:n]))
       dws.append(jnp.zeros(w.shape, jnp.float32).at[:n].set(
@@ -318,9 +323,9 @@ def _kernel_takes(x: Array, ws: Sequence[Array], rows: int) -> bool:
 
 
 def matmul(x: Array, w: Array, *, transpose_w: bool = False,
-           cols: Optional[int] = None, force_xla: bool = False,
-           threads: int = 0) -> Array:
-  """x @ w (or x @ w[:cols].T) with the kernel for few rows on CPU.
+           cols: Optional[int] = None, scale: float = 1.0,
+           force_xla: bool = False, threads: int = 0) -> Array:
+  """x @ w (or x @ w[:cols].T * scale) with the kernel for few rows on CPU.
 
   The kernel takes up to `MAX_ROWS` rows where `available()`; otherwise this
   is XLA's dot.
@@ -332,6 +337,9 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     transpose_w: contract over w's last axis instead of its first.
     cols: with `transpose_w`, score only rows [0, cols) of w (default all),
       without copying the slice.
+    scale: with `transpose_w` and a float32 result, multiply the products
+      by float32(scale), as XLA multiplies them (the kernel scales each
+      product as it stores it, saving a pass over the result).
     force_xla: always use XLA's dot (reference / A-B).
     threads: threads the kernel uses, 0 for one per core. The result does
       not depend on it.
@@ -344,7 +352,8 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     XLA's dot.
 
   Raises:
-    ValueError: on rank or shape mismatch, a bad `cols` or negative `threads`.
+    ValueError: on rank or shape mismatch, a bad `cols` or `scale`, or
+      negative `threads`.
   """
   check_threads(threads)
   x, w = jnp.asarray(x), jnp.asarray(w)
@@ -361,13 +370,18 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
       raise ValueError(f'cols={cols} needs transpose_w and 0 < cols <= {n}.')
     n = cols
   dtype = jnp.result_type(x.dtype, w.dtype)
+  scale = float(scale)
+  if scale != 1.0 and not (transpose_w and dtype == jnp.float32):
+    raise ValueError(f'scale={scale} needs transpose_w and a float32 result, '
+                     f'got transpose_w={transpose_w} and {dtype}.')
   rows = int(np.prod(x.shape[:-1]))
   if force_xla or n == 0 or not _kernel_takes(x, (w,), rows):
     wn = w[:n] if transpose_w else w
-    return lax.dot_general(x.astype(dtype), wn.astype(dtype),
-                           (((x.ndim - 1,), (k_axis,)), ((), ())))
+    out = lax.dot_general(x.astype(dtype), wn.astype(dtype),
+                          (((x.ndim - 1,), (k_axis,)), ((), ())))
+    return out if scale == 1.0 else out * np.float32(scale)
   out, = _kernel(x.reshape(rows, x.shape[-1]), (w,), (n,), transpose_w,
-                 dtype, int(threads))
+                 dtype, int(threads), scale)
   return out.reshape(x.shape[:-1] + (n,))
 
 
@@ -409,7 +423,8 @@ def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
                  for w in ws)
   dtype = jnp.result_type(x.dtype, ws[0].dtype)
   outs = _kernel(x.reshape(rows, x.shape[-1]), ws,
-                 tuple(w.shape[1] for w in ws), False, dtype, int(threads))
+                 tuple(w.shape[1] for w in ws), False, dtype, int(threads),
+                 1.0)
   return tuple(o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs)
 
 

@@ -113,6 +113,44 @@ class KernelValuesTest(parameterized.TestCase):
     full = rowmatmul.matmul(x, w, transpose_w=True)
     np.testing.assert_array_equal(_bits(got), _bits(full[:, :333]))
 
+  def test_transposed_scale_is_xlas_multiply(self):
+    # The classifier's scaling: each product times float32(scale) as the
+    # kernel stores it, the bits of XLA's multiply (and of its division by
+    # sqrt(768), which XLA makes that multiply) of the unscaled products.
+    scale = float(np.float32(1) / np.sqrt(np.float32(768)))
+    cases = [_data(m, 768, 517, dtype, True, seed=m)
+             for m in (1, 3, 13) for dtype in (F32, BF16)]
+    cases.append((cases[0][0], cases[1][1]))              # f32 x, bf16 w
+
+    @jax.jit
+    def run(cases):
+      out = []
+      for x, w in cases:
+        x = x.astype(F32)
+        plain = rowmatmul.matmul(x, w, transpose_w=True, cols=301)
+        out.append((rowmatmul.matmul(x, w, transpose_w=True, cols=301,
+                                     scale=scale),
+                    plain * np.float32(scale), plain / jnp.sqrt(768),
+                    rowmatmul.matmul(x, w, transpose_w=True, cols=301,
+                                     scale=scale, force_xla=True),
+                    rowmatmul.matmul(x, w, transpose_w=True, cols=301,
+                                     force_xla=True) * np.float32(scale)))
+      return out
+
+    for (x, w), (got, times, divided, xla, xla_times) in zip(cases,
+                                                             run(cases)):
+      case = f'{x.shape[0]} rows, w {_name(w.dtype)}'
+      self.assertEqual(got.dtype, F32, case)
+      np.testing.assert_array_equal(_bits(got), _bits(times), case)
+      np.testing.assert_array_equal(_bits(got), _bits(divided), case)
+      np.testing.assert_array_equal(_bits(xla), _bits(xla_times), case)
+    x, w = _data(3, 32, 16, F32, transpose_w=True)
+    loss = lambda force: lambda x, w: jnp.sum(jnp.sin(rowmatmul.matmul(
+        x, w, transpose_w=True, cols=10, scale=0.3, force_xla=force)))
+    for g, r in zip(jax.grad(loss(False), (0, 1))(x, w),
+                    jax.grad(loss(True), (0, 1))(x, w)):
+      np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
+
   def test_leading_axes_are_rows(self):
     x, w = _data(6, 40, 24, F32)
     got = rowmatmul.matmul(x.reshape(2, 3, 40), w)
@@ -398,6 +436,11 @@ class EdgeCasesTest(parameterized.TestCase):
       rowmatmul.matmul(x, w, cols=3)
     with self.assertRaisesRegex(ValueError, 'cols=9'):
       rowmatmul.matmul(x, w.T, transpose_w=True, cols=9)
+    with self.assertRaisesRegex(ValueError, 'scale=0.5 needs transpose_w'):
+      rowmatmul.matmul(x, w, scale=0.5)
+    with self.assertRaisesRegex(ValueError, 'float32 result, got .*bfloat16'):
+      rowmatmul.matmul(x.astype(BF16), w.T.astype(BF16), transpose_w=True,
+                       scale=0.5)
     for threads in (-1, 1.0, True):
       with self.assertRaisesRegex(ValueError, 'threads must be an integer'):
         rowmatmul.matmul(x, w, threads=threads)

@@ -278,12 +278,13 @@ constexpr int NkColumns(int m) {
 }
 
 // Output columns [j, j + J) of M rows: out[r, j + c] = the horizontal sum
-// of acc[r][c].
+// of acc[r][c] times `scale` (1 leaves every sum's bits as they are).
 template <int M, int J, typename O>
-inline void NkStore(const Vec (&acc)[M][J], O* out, int64_t N, int64_t j) {
+inline void NkStore(const Vec (&acc)[M][J], O* out, int64_t N, int64_t j,
+                    float scale) {
   for (int r = 0; r < M; ++r) {
     for (int c = 0; c < J; ++c) {
-      FromF32(ReduceAdd(acc[r][c]), out + r * N + j + c);
+      FromF32(ReduceAdd(acc[r][c]) * scale, out + r * N + j + c);
     }
   }
 }
@@ -319,7 +320,7 @@ inline void NkPairBlocks(const uint16_t* w, int64_t K, int64_t j,
 // block are constants, so the loop holds one pointer to x, not one per row.
 template <int M, int J, typename O>
 void NkGroup(const float* x, const float* w, O* out, int64_t K, int64_t N,
-             int64_t j) {
+             int64_t j, float scale) {
   Vec acc[M][J];
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < J; ++c) acc[r][c] = Zero();
@@ -344,7 +345,7 @@ void NkGroup(const float* x, const float* w, O* out, int64_t K, int64_t N,
       for (int c = 0; c < J; ++c) acc[r][c] = Fma(xv, wv[c], acc[r][c]);
     }
   }
-  NkStore(acc, out, N, j);
+  NkStore(acc, out, N, j, scale);
 }
 
 // As NkGroup for bf16 w, decoded in pairs: `x` holds each block of kPair
@@ -352,7 +353,7 @@ void NkGroup(const float* x, const float* w, O* out, int64_t K, int64_t N,
 // lane l of an accumulator takes k = 2l, then k = 2l + 1, of each block.
 template <int M, int J, typename O>
 void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
-                  int64_t K, int64_t N, int64_t j) {
+                  int64_t K, int64_t N, int64_t j, float scale) {
   Vec acc[M][J];
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < J; ++c) acc[r][c] = Zero();
@@ -372,7 +373,7 @@ void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
     }
   };
   NkPairBlocks<J>(w, K, j, block);
-  NkStore(acc, out, N, j);
+  NkStore(acc, out, N, j, scale);
 }
 
 #if T5X_SPEED_BF16_DOT
@@ -381,7 +382,7 @@ void NkGroupPairs(const float* x, int64_t Kp, const uint16_t* w, O* out,
 // takes the pair k = 2l, 2l + 1 of each block.
 template <int M, int J, typename O>
 void NkGroupDot(const uint16_t* xb, int64_t Kb, const uint16_t* w, O* out,
-                int64_t K, int64_t N, int64_t j) {
+                int64_t K, int64_t N, int64_t j, float scale) {
   Vec acc[M][J];
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < J; ++c) acc[r][c] = Zero();
@@ -394,7 +395,7 @@ void NkGroupDot(const uint16_t* xb, int64_t Kb, const uint16_t* w, O* out,
     }
   };
   NkPairBlocks<J>(w, K, j, block);
-  NkStore(acc, out, N, j);
+  NkStore(acc, out, N, j, scale);
 }
 #endif
 
@@ -415,6 +416,8 @@ struct Problem {
   O* out;          // [M, N]
   int64_t M, K, N;
   bool transposed;
+  // x @ w.T only: each product times this before its rounding to O.
+  float scale = 1.0f;
 };
 
 template <int M, int J, typename W, typename O>
@@ -424,13 +427,14 @@ inline void NkColumnsAt(const Problem<W, O>& p, int64_t r0, int64_t j) {
   if constexpr (std::is_same_v<W, uint16_t>) {
 #if T5X_SPEED_BF16_DOT
     if (p.xb != nullptr) {
-      NkGroupDot<M, J>(p.xb + r0 * p.Kb, p.Kb, p.w, out, p.K, p.N, j);
+      NkGroupDot<M, J>(p.xb + r0 * p.Kb, p.Kb, p.w, out, p.K, p.N, j,
+                       p.scale);
       return;
     }
 #endif
-    NkGroupPairs<M, J>(x, p.Kp, p.w, out, p.K, p.N, j);
+    NkGroupPairs<M, J>(x, p.Kp, p.w, out, p.K, p.N, j, p.scale);
   } else {
-    NkGroup<M, J>(x, p.w, out, p.K, p.N, j);
+    NkGroup<M, J>(x, p.w, out, p.K, p.N, j, p.scale);
   }
 }
 

@@ -146,7 +146,8 @@ constexpr int64_t kChunkFloats = 24576;
 template <typename W, typename O>
 ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                     const std::vector<Operand>& operands, int64_t M,
-                    int64_t K, bool transposed, int max_threads) {
+                    int64_t K, bool transposed, float scale,
+                    int max_threads) {
   const bool paired = transposed && std::is_same_v<W, uint16_t>;
   const bool blocked = transposed && std::is_same_v<W, float>;
   const int64_t block = paired ? kPair : kLanes;
@@ -192,8 +193,8 @@ ffi::Error Dispatch(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
       const bool split = K * o.N * static_cast<int64_t>(sizeof(W)) >=
                          kMinParallelBytes;
       for (int64_t t = 0; t < o.batch.count; ++t) {
-        const Problem<W, O> p =
-            o.At<W, O>(t, xf, M, Kp, xbp, Kb, true);
+        Problem<W, O> p = o.At<W, O>(t, xf, M, Kp, xbp, Kb, true);
+        p.scale = scale;
         const int64_t per = split ? ChunkColumns(p, threads) : o.N;
         for (int64_t n0 = 0; n0 < o.N; n0 += per) {
           tasks.push_back({p, n0, std::min(o.N, n0 + per)});
@@ -332,12 +333,12 @@ ffi::Error Check(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
   return ffi::Error::Success();
 }
 
-// out_j = x @ w_j (or x @ w_j.T) for every weight j. The weights share one
-// element type, as do the outputs.
+// out_j = x @ w_j (or x @ w_j.T times scale) for every weight j. The
+// weights share one element type, as do the outputs.
 ffi::Error Impl(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                 const std::vector<const ffi::AnyBuffer*>& weights,
                 const std::vector<ffi::AnyBuffer*>& outs, int64_t threads,
-                bool transposed) {
+                bool transposed, float scale) {
   if (threads < 0) {
     return ffi::Error::InvalidArgument("rowmatmul: threads must be >= 0");
   }
@@ -369,12 +370,16 @@ ffi::Error Impl(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   const bool w32 = weights[0]->element_type() == ffi::DataType::F32;
   const bool o32 = outs[0]->element_type() == ffi::DataType::F32;
   if (w32 && o32)
-    return Dispatch<float, float>(pool, x, operands, M, K, transposed, n);
+    return Dispatch<float, float>(pool, x, operands, M, K, transposed, scale,
+                                   n);
   if (w32)
-    return Dispatch<float, uint16_t>(pool, x, operands, M, K, transposed, n);
+    return Dispatch<float, uint16_t>(pool, x, operands, M, K, transposed,
+                                      scale, n);
   if (o32)
-    return Dispatch<uint16_t, float>(pool, x, operands, M, K, transposed, n);
-  return Dispatch<uint16_t, uint16_t>(pool, x, operands, M, K, transposed, n);
+    return Dispatch<uint16_t, float>(pool, x, operands, M, K, transposed,
+                                      scale, n);
+  return Dispatch<uint16_t, uint16_t>(pool, x, operands, M, K, transposed,
+                                      scale, n);
 }
 
 ffi::Error RowMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x,
@@ -396,13 +401,22 @@ ffi::Error RowMatmul(ffi::ThreadPool pool, ffi::AnyBuffer x,
   std::vector<ffi::AnyBuffer*> outs;
   for (const ffi::AnyBuffer& w : w_held) weights.push_back(&w);
   for (ffi::AnyBuffer& o : o_held) outs.push_back(&o);
-  return Impl(pool, x, weights, outs, threads, /*transposed=*/false);
+  return Impl(pool, x, weights, outs, threads, /*transposed=*/false,
+              /*scale=*/1.0f);
 }
 
+// out = (x @ w.T) * scale, each float32 product scaled before it is
+// stored: the multiply XLA would apply to the stored products, without a
+// second pass over them. A bfloat16 result takes scale 1 only (scaling
+// before its rounding would not be XLA's multiply of the rounded product).
 ffi::Error RowMatmulNT(ffi::ThreadPool pool, ffi::AnyBuffer x,
                        ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> out,
-                       int64_t threads) {
-  return Impl(pool, x, {&w}, {&*out}, threads, /*transposed=*/true);
+                       int64_t threads, float scale) {
+  if (scale != 1.0f && out->element_type() != ffi::DataType::F32) {
+    return ffi::Error::InvalidArgument(
+        "rowmatmul: scale != 1 needs a float32 result");
+  }
+  return Impl(pool, x, {&w}, {&*out}, threads, /*transposed=*/true, scale);
 }
 
 // ---------------------------------------------------------------------------
@@ -470,7 +484,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedRowMatmulNT, RowMatmulNT,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("threads"));
+                                  .Attr<int64_t>("threads")
+                                  .Attr<float>("scale"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(T5xSpeedGatherRows, GatherRows,
                               ffi::Ffi::Bind()
