@@ -161,6 +161,19 @@ def encoder_decoder_record(rec: Dict[str, Any]) -> Dict[str, Any]:
           'by_position': by_position}
 
 
+def _force(logits, forced):
+  """`logits` [..., vocab] with FORCE at each row's `forced` id ([...]; an
+  id outside the vocabulary forces nothing). Writes one element per row:
+  a mask over the vocabulary would be a pass over every row's logits, which
+  the decode being timed does not make."""
+  vocab = logits.shape[-1]
+  flat = logits.reshape(-1, vocab)
+  ids = forced.reshape(-1)
+  ids = jnp.where((ids < 0) | (ids >= vocab), vocab, ids)
+  flat = flat.at[jnp.arange(flat.shape[0]), ids].set(FORCE, mode='drop')
+  return flat.reshape(logits.shape)
+
+
 def _forced_tokens_to_logits(tokens_to_logits, by_position):
   """Sequential decoding's logits with the recorded token forced at each
   position."""
@@ -168,8 +181,7 @@ def _forced_tokens_to_logits(tokens_to_logits, by_position):
     logits, cache = tokens_to_logits(state)
     forced = jnp.take_along_axis(by_position, jnp.clip(
         state.cur_index + 1, 0, by_position.shape[1] - 1)[:, None], 1)[:, 0]
-    hit = jax.nn.one_hot(forced, logits.shape[-1], dtype=bool)
-    return jnp.where(hit, FORCE, logits), cache
+    return _force(logits, forced), cache
   return fn
 
 
@@ -188,8 +200,7 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
     kv, step = cache
     logits, hidden, kv = pipeline_step_fn(tokens, carry, positions, kv)
     forced = predictions[jnp.minimum(step, predictions.shape[0] - 1)]
-    hit = jax.nn.one_hot(forced, logits.shape[-1], dtype=bool)
-    return jnp.where(hit, FORCE, logits), hidden, (kv, step + 1)
+    return _force(logits, forced), hidden, (kv, step + 1)
   return fn
 
 
