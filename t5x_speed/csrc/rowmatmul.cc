@@ -9,14 +9,15 @@
 //   t5x_speed_rowmatmul     w_j[K, N_j]: out_j = x @ w_j for one or more
 //                           weights sharing x (Dense kernels; q, k and v, or
 //                           an MLP's input projections, in one call)
-//   t5x_speed_rowmatmul_nt  w[N', K]: out = x @ w[:N].T, N <= N' taken from
-//                           out's shape (the tied-embedding classifier,
-//                           [vocab, emb], scored over a vocabulary prefix
-//                           without copying it)
+//   t5x_speed_rowmatmul_nt  w[N', K]: out = x @ w[:N].T * scale, N <= N'
+//                           taken from out's shape (the tied-embedding
+//                           classifier, [vocab, emb], scored over a
+//                           vocabulary prefix without copying it)
 //
-// Both take one attribute, `threads` (int64): how many threads share a call,
+// Both take the attribute `threads` (int64): how many threads share a call,
 // 0 meaning one per hardware thread. It is part of the traced program, so a
-// compiled decode step always runs with the count it was traced with.
+// compiled decode step always runs with the count it was traced with. The
+// _nt handler also takes `scale` (float32; 1 for a bfloat16 out).
 //
 // Both take leading batch axes (x [..., M, K], see `Batch`), so a jax.vmap
 // over a decode (e.g. the exactness fuzz over random models) makes one call
