@@ -190,7 +190,8 @@ class Embed(nn.Module):
     multiplied by float32(`scale`). In a decode step the kernel reads the
     table as stored (bf16 or f32) without a converted copy and scales each
     score as it stores it; the arithmetic is float32 either way, and the
-    scores are bit-identical on every path but the dot products' own.
+    scaling is the same float32 multiply on every path (the paths differ
+    only in how they sum the dot products).
     """
     query = jnp.asarray(query, jnp.float32)
     rows = int(np.prod(query.shape[:-1]))
