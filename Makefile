@@ -36,11 +36,11 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt | $(BIN)/uv
 	$(PIP_INSTALL) --no-deps tensorflow-text seqio
 	touch $(STAMP)
 
-# The few-row matmul kernel (t5x_speed/csrc/rowmatmul.cc), built with the
-# system C++ compiler into t5x_speed/_build. Never fails: without a compiler
-# it says so once and the package uses XLA's dot.
+# The CPU kernels (t5x_speed/cpu/csrc), built with the system C++ compiler
+# into ~/.cache/t5x_speed. Never fails: without a compiler it says so once
+# and the package uses XLA's ops.
 kernel: install
-	$(BIN)/python -m t5x_speed.rowmatmul --build
+	$(BIN)/python -m t5x_speed.cpu
 
 install: $(STAMP)
 
@@ -98,4 +98,4 @@ fuzz: install kernel
 	$(BIN)/python -m tools.fuzz $(FUZZ_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info t5x_speed/_build
+	rm -rf $(VENV) *.egg-info

@@ -17,6 +17,9 @@ import jax.numpy as jnp
 from t5x_speed import layers
 from t5x_speed.config import TransformerConfig
 
+__all__ = ['Attention', 'DecoderLayer', 'EncoderLayer', 'SequenceCross',
+           'StepCross']
+
 Array = jax.Array
 # Cross-attention of a whole sequence: the encoder's keys and values, each
 # [batch, enc_len, heads, head_dim], and the bias [batch, 1, length or 1,
@@ -49,11 +52,13 @@ class Attention(nn.Module):
                             kernel_init=layers.attention_kernel_init,
                             kernel_axes=('joined_kv', 'embed'))
 
-  def qkv(self, x: Array) -> Tuple[Array, Array, Array]:
+  def qkv(self, x: Array, numerics: layers.Numerics = None
+          ) -> Tuple[Array, Array, Array]:
     """[..., emb] -> three [..., heads, head_dim]."""
     axes = ('batch', 'length', 'heads', 'kv')
     return tuple(layers.with_sharding_constraint(y, axes) for y in
-                 layers.dense_group((self.query, self.key, self.value), x))
+                 layers.dense_group((self.query, self.key, self.value), x,
+                                    numerics))
 
   def kv(self, x: Array) -> Tuple[Array, Array]:
     """[..., emb] -> keys and values, each [..., heads, head_dim]."""
@@ -61,14 +66,15 @@ class Attention(nn.Module):
     return tuple(layers.with_sharding_constraint(y, axes) for y in
                  layers.dense_group((self.key, self.value), x))
 
-  def q(self, x: Array) -> Array:
+  def q(self, x: Array, numerics: layers.Numerics = None) -> Array:
     """[..., emb] -> queries [..., heads, head_dim]."""
     return layers.with_sharding_constraint(
-        self.query(x), ('batch', 'length', 'heads', 'kv'))
+        self.query(x, numerics), ('batch', 'length', 'heads', 'kv'))
 
-  def __call__(self, context: Array) -> Array:
+  def __call__(self, context: Array, numerics: layers.Numerics = None
+               ) -> Array:
     """[..., heads, head_dim] -> [..., emb]."""
-    return self.out(context)
+    return self.out(context, numerics)
 
 
 def _dropout_rng(module: nn.Module, deterministic: bool) -> Optional[Array]:
@@ -89,10 +95,12 @@ def _attention_residual(layer: nn.Module, attention: Attention,
   return x + dropout(attention(context), deterministic=deterministic)
 
 
-def _mlp_residual(layer: nn.Module, x: Array, deterministic: bool) -> Array:
+def _mlp_residual(layer: nn.Module, x: Array, deterministic: bool,
+                  numerics: layers.Numerics = None) -> Array:
   """x + dropout(mlp(norm(x))): the MLP sub-block of a decoder or encoder
   layer (its `pre_mlp_layer_norm`, `mlp` and `post_mlp_dropout`)."""
-  y = layer.mlp(layer.pre_mlp_layer_norm(x), deterministic=deterministic)
+  y = layer.mlp(layer.pre_mlp_layer_norm(x), deterministic=deterministic,
+                numerics=numerics)
   return x + layer.post_mlp_dropout(y, deterministic=deterministic)
 
 
@@ -155,7 +163,8 @@ class DecoderLayer(nn.Module):
 
   def step(self, x: Array, positions: Array, bias: Array, keys: Array,
            values: Array, stages: Sequence[int],
-           cross: Optional[StepCross] = None) -> Tuple[Array, Array, Array]:
+           cross: Optional[StepCross] = None,
+           numerics: layers.Numerics = None) -> Tuple[Array, Array, Array]:
     """Cached pass of one token per slot (inference only).
 
     Args:
@@ -167,20 +176,23 @@ class DecoderLayer(nn.Module):
       stages: static stage (repetition) of each slot.
       cross: in an encoder-decoder model, this layer's cached cross-attention
         keys and values and the slots' bias (`StepCross`).
+      numerics: the decode step's (`t5x_speed.cpu.DecodeNumerics`).
 
     Returns:
       The output [batch, slots, emb] and the updated `keys` and `values`.
     """
-    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x))
+    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x),
+                                      numerics)
     context, keys, values = layers.cached_attention(
-        q, keys, values, bias, k, v, positions, stages)
-    x = x + self.self_attention(context)
+        q, keys, values, bias, k, v, positions, stages, numerics)
+    x = x + self.self_attention(context, numerics)
     if cross is not None:
       cross_k, cross_v, cross_bias = cross
       attention = self.encoder_decoder_attention
-      q = attention.q(self.pre_cross_attention_layer_norm(x))
-      x = x + attention(layers.attention(q, cross_k, cross_v, cross_bias))
-    return _mlp_residual(self, x, True), keys, values
+      q = attention.q(self.pre_cross_attention_layer_norm(x), numerics)
+      context = layers.attention(q, cross_k, cross_v, cross_bias, numerics)
+      x = x + attention(context, numerics)
+    return _mlp_residual(self, x, True, numerics), keys, values
 
 
 class EncoderLayer(nn.Module):

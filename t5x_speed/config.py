@@ -10,7 +10,24 @@ from typing import Any, Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 
-from t5x_speed import backend
+__all__ = ['TransformerConfig', 'SharingOrder', 'DECODE_MATMULS']
+
+# Values of `TransformerConfig.decode_matmul` (see `t5x_speed.cpu.dispatch`).
+DECODE_MATMULS = ('auto', 'kernel', 'xla')
+
+
+def check_decode_matmul(value: str, name: str = 'decode_matmul') -> None:
+  """Raises ValueError, naming `name`, unless `value` is in DECODE_MATMULS."""
+  if not isinstance(value, str) or value not in DECODE_MATMULS:
+    raise ValueError(f'{name} must be one of {list(DECODE_MATMULS)}, got '
+                     f'{value!r}.')
+
+
+def check_kernel_threads(value: int, name: str = 'kernel_threads') -> None:
+  """Raises ValueError, naming `name`, unless `value` is an integer >= 0."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f'{name} must be an integer >= 0 (0: one per core), got '
+                     f'{value!r}.')
 
 
 class SharingOrder(str, enum.Enum):
@@ -61,12 +78,13 @@ class TransformerConfig:
     sharing: a `SharingOrder` (or its string value).
     relpos_num_buckets: T5 relative-position buckets.
     relpos_max_distance: distance beyond which all positions share a bucket.
-    decode_matmul: how a decode step's weight matmuls run (Dense layers and
-      the tied classifier): 'auto' = the few-row kernel where it is built on
-      a CPU backend, else XLA's dot; 'kernel' = the kernel, falling back to
-      XLA's dot with one logged message where it cannot run; 'xla' = XLA's
-      dot. Full-sequence passes (training, prefill) always use XLA's dot.
-      See `t5x_speed.backend`.
+    decode_matmul: how a decode step computes its weight products, cache
+      writes, attention and embedding gathers: 'auto' = the CPU kernels of
+      `t5x_speed.cpu` where they are built on a CPU backend, else XLA's
+      ops; 'kernel' = the kernels, falling back to XLA's ops with one logged
+      message where they cannot run; 'xla' = XLA's ops. Full-sequence
+      passes (training, scoring, prefill) always use XLA's ops. Resolved by
+      `t5x_speed.cpu.dispatch.decode_numerics`.
     kernel_threads: threads one kernel call uses, 0 for one per core. It
       does not change the results.
     num_encoder_layers: unique layers of the encoder; 0 (the default) for a
@@ -136,16 +154,9 @@ class TransformerConfig:
       raise ValueError('TransformerConfig.mlp_activations must be a non-empty '
                        f'sequence of names, got {self.mlp_activations!r}.')
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
-    backend.check_decode_matmul(self.decode_matmul,
-                                'TransformerConfig.decode_matmul')
-    backend.check_kernel_threads(self.kernel_threads,
-                                 'TransformerConfig.kernel_threads')
-
-  @property
-  def decode_numerics(self) -> backend.DecodeNumerics:
-    """The numerics of a decode step of this model."""
-    return backend.DecodeNumerics(matmul=self.decode_matmul,
-                                  kernel_threads=self.kernel_threads)
+    check_decode_matmul(self.decode_matmul, 'TransformerConfig.decode_matmul')
+    check_kernel_threads(self.kernel_threads,
+                         'TransformerConfig.kernel_threads')
 
   @property
   def is_encoder_decoder(self) -> bool:

@@ -33,6 +33,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ['INVALID_INITIAL_INDEX', 'INVALID_TOKEN_ID', 'INVALID_STEP_LIMIT',
+           'MIN_TEMPERATURE', 'IntOrArray', 'Checked', 'check_token_range',
+           'check_greedy_params', 'check_prng_key']
+
 Array = jax.Array
 IntOrArray = Union[int, Array]
 
@@ -51,6 +55,13 @@ def check_int(name: str, value: Any, low: int) -> int:
   if value < low:
     raise ValueError(f'{name} must be an integer >= {low}, got {value}.')
   return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+  """`value` if it is a bool; else ValueError naming `name`."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f'{name} must be a bool, got {value!r}.')
+  return bool(value)
 
 
 def check_speculative_vocab_size(value: Optional[int]) -> Optional[int]:

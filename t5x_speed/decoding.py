@@ -4,16 +4,17 @@
 what T5X's `DecoderOnlyModel.predict_batch_with_aux` passes to its
 `decode_fn` (`inputs`, a prefilled `cache`, `tokens_to_logits`, `eos_id`,
 `num_decodes`, `initial_index`, `cache_offset`, `decode_rng`, decoder
-params) and return what T5X's decode fns return: `(decodes [batch,
-num_decodes, length], scores [batch, num_decodes])`; `decodes[:, d, k]` is
-the token at position k+1, the prompt included, zeros after the end.
+params) and return a `DecodeResult` (`t5x_speed.results`), which unpacks as
+what T5X's decode fns return: `(decodes [batch, num_decodes, length],
+scores [batch, num_decodes])`; `decodes[:, d, k]` is the token at position
+k+1, the prompt included, zeros after the end. The result also holds each
+decode's length and, for SPEED, its `SpeedStats`, whether the pipeline ran
+and, with `record_schedule=True`, its `SpeedSchedule`.
 
 `decode(decode_fn, **kwargs)` runs any decode fn, ours or T5X's, and returns
-a `DecodeResult`: the decodes and scores and, for SPEED, its `SpeedStats`
-(and on request its `SpeedSchedule`). Our decode fns declare what they take
-(`declare_decode_fn`, read by `decode_fn_spec` through partials and gin's
-wrappers); `steps.BoundSteps.decode_fn_kwargs` builds their arguments from
-the declaration.
+a `DecodeResult`. Our decode fns declare on themselves what they take
+(`declare_decode_fn`, read by `decode_fn_spec`); `steps.BoundSteps.
+decode_fn_kwargs` builds their arguments from the declaration.
 
 Positions follow T5X: `inputs[:, 0]` is BOS (0), the cache holds positions
 < `initial_index`, and the first step feeds `inputs[:, initial_index]`, the
@@ -37,56 +38,29 @@ once at load with `inference.check_finite`.
 
 The loops live in `sequential_loop` (full depth) and `speed_loop` (SPEED's
 pipeline), the token choice in `token_rules` and the argument checks in
-`decode_args`; this module re-exports what callers of the decode fns read.
+`decode_args`.
 """
 
-import contextvars
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional
 
-import flax
 import jax
 
-from t5x_speed import backend
+from t5x_speed import cpu
 from t5x_speed import decode_args
 from t5x_speed import sequential_loop
 from t5x_speed import speed_loop
-# Re-exported: what callers of the decode fns check and read.
-from t5x_speed.decode_args import (  # pylint: disable=unused-import
-    INVALID_INITIAL_INDEX, INVALID_STEP_LIMIT, INVALID_TOKEN_ID, IntOrArray,
-    check_greedy_params, check_token_range)
-# pylint: disable=unused-import
-from t5x_speed.sequential_loop import DecodingState
-from t5x_speed.speed_loop import PipelineStepFn, SpeedSchedule, SpeedStats
-from t5x_speed.token_rules import ARGMAX, TokenRule, argmax
-# pylint: enable=unused-import
+from t5x_speed import token_rules
+from t5x_speed.decode_args import IntOrArray
+from t5x_speed.decode_args import check_greedy_params
+from t5x_speed.results import DecodeResult
+from t5x_speed.speed_loop import PipelineStepFn
+
+__all__ = ['speed_decode', 'greedy_decode', 'decode', 'DecodeFnSpec',
+           'declare_decode_fn', 'decode_fn_spec']
 
 Array = jax.Array
-
-
-@flax.struct.dataclass
-class DecodeResult:
-  """What a decode fn produced (`decode` returns it).
-
-  Attributes:
-    sequences: [batch, num_decodes, length] int32; sequences[b, d, k] is the
-      token at position k+1, the prompt included, zeros after the end. The
-      decodes of an example come by increasing score, as T5X sorts them.
-    scores: [batch, num_decodes] float32 log-probabilities of the produced
-      tokens (T5X's decode fns: their own scores, e.g. beam search's
-      length-normalised ones); NaN for an invalid example.
-    stats: `SpeedStats` ([batch] and [batch, R] counters, summed over an
-      example's decodes) from SPEED and SPEED sampling; None from the other
-      decode fns.
-    schedule: `SpeedSchedule` ([steps, rows, R], rows = batch * num_decodes,
-      example-major) when `decode` was asked to record it; else None.
-  """
-
-  sequences: Array
-  scores: Array
-  stats: Optional[SpeedStats] = None
-  schedule: Optional[SpeedSchedule] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +69,8 @@ class DecodeFnSpec:
 
   Attributes:
     pipelined: it runs SPEED's pipeline: it takes `pipeline_step_fn`,
-      `num_stages` and `initial_carry`, always reports `SpeedStats` and
-      records a `SpeedSchedule` on request.
+      `num_stages`, `initial_carry`, `max_speculative_rows`,
+      `require_pipeline` and `record_schedule`, and reports `SpeedStats`.
     kv_cache: it takes the model's `network.KVCache` as is and reads each
       example's position from `DecodingState.cur_index`. Decode fns that
       declare nothing (T5X's) get the cache in T5X's form instead
@@ -111,12 +85,9 @@ _SPEC_ATTRIBUTE = 'decode_fn_spec'
 
 
 def declare_decode_fn(*, pipelined: bool, kv_cache: bool = True):
-  """Decorator declaring a decode fn's `DecodeFnSpec`.
-
-  The decode fn must return `respond(result)`: T5X's `(decodes, scores)`,
-  handing its whole `DecodeResult` to an enclosing `decode`. gin's
-  configurable wrapper copies the declaration (`functools.wraps`).
-  """
+  """Decorator declaring a decode fn's `DecodeFnSpec` as its attribute
+  `decode_fn_spec`, which gin's configurable wrapper copies
+  (`functools.wraps`)."""
   spec = DecodeFnSpec(pipelined=pipelined, kv_cache=kv_cache)
 
   def declare(decode_fn):
@@ -127,10 +98,8 @@ def declare_decode_fn(*, pipelined: bool, kv_cache: bool = True):
 
 
 def decode_fn_spec(decode_fn: Callable[..., Any]) -> Optional[DecodeFnSpec]:
-  """The `DecodeFnSpec` that `decode_fn` declares; None if it declares none.
-
-  Looks through `functools.partial` (and `jax.tree_util.Partial`) and
-  through wrappers that name what they wrap in `__wrapped__`.
+  """The `DecodeFnSpec` declared on `decode_fn` (or, for a
+  `functools.partial`, on the function it binds); None if none is.
 
   Example:
     >>> decode_fn_spec(functools.partial(speed_decode, max_decode_steps=3))
@@ -138,57 +107,20 @@ def decode_fn_spec(decode_fn: Callable[..., Any]) -> Optional[DecodeFnSpec]:
     >>> decode_fn_spec(print) is None
     True
   """
-  fn, seen = decode_fn, set()
-  while id(fn) not in seen:
-    seen.add(id(fn))
-    spec = getattr(fn, _SPEC_ATTRIBUTE, None)
-    if isinstance(spec, DecodeFnSpec):
-      return spec
-    if isinstance(fn, functools.partial):
-      fn = fn.func
-    else:
-      fn = getattr(fn, '__wrapped__', fn)
-  return None
+  if isinstance(decode_fn, functools.partial):
+    decode_fn = decode_fn.func  # Python flattens nested partials
+  spec = getattr(decode_fn, _SPEC_ATTRIBUTE, None)
+  return spec if isinstance(spec, DecodeFnSpec) else None
 
 
-@dataclasses.dataclass
-class _ResultRequest:
-  """What `decode` asks of the declared decode fn it calls."""
-  record_schedule: bool
-  result: Optional[DecodeResult] = None
-
-
-_REQUEST: contextvars.ContextVar[Optional[_ResultRequest]] = (
-    contextvars.ContextVar('t5x_speed_decode_request', default=None))
-
-
-def schedule_requested() -> bool:
-  """Whether the enclosing `decode` call asks for SPEED's schedule."""
-  request = _REQUEST.get()
-  return (request is not None and request.result is None and
-          request.record_schedule)
-
-
-def respond(result: DecodeResult) -> Tuple[Array, Array]:
-  """A declared decode fn's return value: `(result.sequences, result.scores)`.
-
-  Inside `decode`, the first declared decode fn to respond also hands its
-  whole `result` (stats, schedule) to it.
-  """
-  request = _REQUEST.get()
-  if request is not None and request.result is None:
-    request.result = result
-  return result.sequences, result.scores
-
-
-def decode(decode_fn: Callable[..., Tuple[Array, Array]], *,
-           record_schedule: bool = False, **kwargs) -> DecodeResult:
+def decode(decode_fn: Callable[..., Any], *, record_schedule: bool = False,
+           **kwargs) -> DecodeResult:
   """Runs any T5X decode fn, ours or T5X's, and returns its `DecodeResult`.
 
   `decode_fn` is called with `kwargs` as T5X calls it, through whatever wraps
-  it (a partial, gin's configurable), so that its bound arguments apply. A
-  declared decode fn (`decode_fn_spec`) hands back its whole result; T5X's
-  `(decodes, scores)` come with stats and schedule None.
+  it (a partial, gin's configurable), so that its bound arguments apply.
+  Ours return their `DecodeResult`; T5X's `(decodes, scores)` come as one
+  with lengths, stats and schedule None.
 
   Args:
     decode_fn: the decode fn, e.g. `speed_decode`, `greedy_decode`,
@@ -209,24 +141,18 @@ def decode(decode_fn: Callable[..., Tuple[Array, Array]], *,
   if not isinstance(record_schedule, bool):
     raise ValueError(f'record_schedule must be a bool, got '
                      f'{record_schedule!r}.')
-  if record_schedule and not (spec is not None and spec.pipelined):
-    raise ValueError(
-        'record_schedule needs a SPEED decode fn (decoding.speed_decode or '
-        'sampling.speed_sample_decode), got '
-        f'{getattr(decode_fn, "__name__", decode_fn)!r}.')
-  if spec is None:
-    sequences, scores = decode_fn(**kwargs)
-    return DecodeResult(sequences=sequences, scores=scores)
-  request = _ResultRequest(record_schedule=record_schedule)
-  token = _REQUEST.set(request)
-  try:
-    decode_fn(**kwargs)
-  finally:
-    _REQUEST.reset(token)
-  if request.result is None:
-    raise ValueError(f'{decode_fn!r} declares a DecodeFnSpec but did not '
-                     'return through decoding.respond.')
-  return request.result
+  if record_schedule:
+    if not (spec is not None and spec.pipelined):
+      raise ValueError(
+          'record_schedule needs a SPEED decode fn (decoding.speed_decode or '
+          'sampling.speed_sample_decode), got '
+          f'{getattr(decode_fn, "__name__", decode_fn)!r}.')
+    kwargs['record_schedule'] = True
+  out = decode_fn(**kwargs)
+  if isinstance(out, DecodeResult):
+    return out
+  sequences, scores = out
+  return DecodeResult(sequences=sequences, scores=scores)
 
 
 @declare_decode_fn(pipelined=False)
@@ -242,8 +168,8 @@ def greedy_decode(inputs: Array,
                   temperature: Any = 0.0,
                   topk: Any = 1,
                   topp: Any = 0.0,
-                  max_decode_steps_hard_limit: Optional[int] = None
-                  ) -> Tuple[Array, Array]:
+                  max_decode_steps_hard_limit: Optional[int] = None,
+                  token_choice: str = 'auto') -> DecodeResult:
   """Stripped-down greedy decoding: one full-depth token per loop step.
 
   Args:
@@ -264,11 +190,14 @@ def greedy_decode(inputs: Array,
     topk: T5X's top-k, likewise: 1 (or any at temperature 0).
     topp: T5X's top-p, likewise: 0 (or any at temperature 0).
     max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
+    token_choice: how each token is picked from the logits: 'auto' (the
+      CPU kernel where it runs), 'kernel' or 'xla'
+      (`t5x_speed.cpu.dispatch.token_kernel`).
 
   Returns:
-    (decodes [batch, 1, length], scores [batch, 1]); the score of an invalid
-    example (see the module docstring) is NaN. `decode` returns them as a
-    `DecodeResult` (no stats).
+    A `DecodeResult` (no stats), which unpacks as T5X's (decodes [batch, 1,
+    length], scores [batch, 1]); the score of an invalid example (see the
+    module docstring) is NaN.
 
   Raises:
     ValueError: for bad arguments, see the module docstring; also for
@@ -279,13 +208,15 @@ def greedy_decode(inputs: Array,
       'greedy_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
   decode_args.check_one_decode(num_decodes)
+  rule = token_rules.Argmax(token_choice)
   checked = sequential_loop.check_sequential(
       inputs, cache, tokens_to_logits, initial_index, max_decode_steps,
       eos_id, cache_offset)
   final, scores = sequential_loop.sequential_loop(
-      inputs, cache, tokens_to_logits, checked, ARGMAX)
-  return respond(DecodeResult(sequences=final.sequences[:, None, 1:],
-                              scores=scores[:, None]))
+      inputs, cache, tokens_to_logits, checked, rule)
+  lengths = final.cur_index - checked.initial_index
+  return DecodeResult(sequences=final.sequences[:, None, 1:],
+                      scores=scores[:, None], lengths=lengths[:, None])
 
 
 @declare_decode_fn(pipelined=True)
@@ -306,8 +237,10 @@ def speed_decode(inputs: Array,
                  topk: Any = 1,
                  topp: Any = 0.0,
                  max_decode_steps_hard_limit: Optional[int] = None,
-                 max_speculative_rows: Any = 'auto'
-                 ) -> Tuple[Array, Array]:
+                 max_speculative_rows: Any = 'auto',
+                 require_pipeline: bool = False,
+                 record_schedule: bool = False,
+                 token_choice: str = 'auto') -> DecodeResult:
   """SPEED: speculative pipelined greedy decoding of a shared-exit model.
 
   Each loop step runs the G shared layers once over R slots per example, slot
@@ -347,7 +280,8 @@ def speed_decode(inputs: Array,
   A batch whose step would multiply more than `max_speculative_rows` rows
   (batch x R) decodes with the full-depth `tokens_to_logits` instead, one
   token per loop step: the same tokens, faster at that size
-  (`backend.resolve_max_speculative_rows`).
+  (`t5x_speed.cpu.dispatch.max_speculative_rows`); the result's `pipelined`
+  is then False, and `require_pipeline` makes it an error instead.
 
   Args:
     inputs: [batch, length] BOS-shifted prompts, zeros after the prompt.
@@ -376,32 +310,44 @@ def speed_decode(inputs: Array,
     topk: T5X's top-k, likewise: 1 (or any at temperature 0).
     topp: T5X's top-p, likewise: 0 (or any at temperature 0).
     max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
-    max_speculative_rows: 'auto' (the backend's limit), None (always
-      pipeline) or the most rows (batch x R) a pipelined step may take.
+    max_speculative_rows: 'auto' (8 rows on CPU, no limit elsewhere), None
+      (always pipeline) or the most rows (batch x R) a pipelined step may
+      take.
+    require_pipeline: raise `ValueError` instead of decoding with the
+      full-depth step where the batch exceeds `max_speculative_rows`.
+    record_schedule: also record the `SpeedSchedule` (memory grows with R *
+      length steps); a recorded decode always runs the pipeline.
+    token_choice: how each token is picked from the logits, as
+      `greedy_decode`'s.
 
   Returns:
-    (decodes [batch, 1, length], scores [batch, 1]); the score of an invalid
-    example (see the module docstring) is NaN. `decode` returns them as a
-    `DecodeResult` with the `SpeedStats` (and the `SpeedSchedule` when asked
-    to record it, which always runs the pipeline).
+    A `DecodeResult` with the `SpeedStats`, which unpacks as T5X's (decodes
+    [batch, 1, length], scores [batch, 1]); the score of an invalid example
+    (see the module docstring) is NaN.
 
   Raises:
     ValueError: for bad arguments, see the module docstring; also when
-      `num_stages` or `initial_carry` do not match `pipeline_step_fn`, and
-      for sampling parameters (`check_greedy_params`).
+      `num_stages` or `initial_carry` do not match `pipeline_step_fn`, for
+      sampling parameters (`check_greedy_params`), and where
+      `require_pipeline` refuses the batch.
   """
   del decode_rng
   max_decode_steps = check_greedy_params(
       'speed_decode', temperature, topk, topp, max_decode_steps,
       max_decode_steps_hard_limit)
   decode_args.check_one_decode(num_decodes)
-  max_rows = backend.resolve_max_speculative_rows(max_speculative_rows)
+  max_rows = cpu.dispatch.max_speculative_rows(max_speculative_rows)
+  decode_args.check_bool('require_pipeline', require_pipeline)
+  decode_args.check_bool('record_schedule', record_schedule)
+  rule = token_rules.Argmax(token_choice)
   stages, initial_carry, checked = speed_loop.check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
       initial_index, max_decode_steps, eos_id, cache_offset)
-  sequences, scores, stats, schedule = speed_loop.speed_or_sequential(
+  out = speed_loop.speed_or_sequential(
       inputs, cache, pipeline_step_fn, tokens_to_logits, stages,
-      initial_carry, checked, ARGMAX, max_rows, schedule_requested())
-  return respond(DecodeResult(
-      sequences=sequences[:, None, 1:], scores=scores[:, None],
-      stats=stats, schedule=schedule))
+      initial_carry, checked, rule, max_rows, record_schedule,
+      require_pipeline)
+  return DecodeResult(
+      sequences=out.sequences[:, None, 1:], scores=out.scores[:, None],
+      lengths=out.lengths[:, None], stats=out.stats, schedule=out.schedule,
+      pipelined=out.pipelined)

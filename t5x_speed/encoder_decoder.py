@@ -37,11 +37,12 @@ from flax import linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_speed import backend
 from t5x_speed import blocks
 from t5x_speed import layers
 from t5x_speed import network
 from t5x_speed.config import TransformerConfig
+
+__all__ = ['SpeedEncoderDecoder', 'Encoder', 'pair_mask']
 
 Array = jax.Array
 
@@ -168,11 +169,22 @@ class SpeedEncoderDecoder(nn.Module):
                                 encoded=encoded,
                                 encoder_mask=encoder_input_tokens > 0)
 
-  # As `network.SpeedTransformer`'s: traced with the config's numerics.
-  def decode_step(self, *args, **kwargs):
-    with backend.decode_step(self.config.decode_numerics):
-      return self.decoder.decode_step(*args, **kwargs)
+  def decode_step(self, tokens: Array, positions: Array,
+                  cache: network.KVCache, numerics: layers.Numerics = None
+                  ) -> Tuple[Array, network.KVCache]:
+    """`network.Decoder.decode_step` with `numerics`, by default the
+    model's own (`network.step_numerics(config)`)."""
+    return self.decoder.decode_step(
+        tokens, positions, cache,
+        numerics or network.step_numerics(self.config))
 
-  def speed_step(self, *args, **kwargs):
-    with backend.decode_step(self.config.decode_numerics):
-      return self.decoder.speed_step(*args, **kwargs)
+  def speed_step(self, tokens: Array, carry: Array, positions: Array,
+                 cache: network.KVCache,
+                 speculative_vocab_size: Optional[int] = None,
+                 numerics: layers.Numerics = None
+                 ) -> Tuple[Array, Array, network.KVCache]:
+    """`network.Decoder.speed_step` with `numerics`, by default the
+    model's own (`network.step_numerics(config)`)."""
+    return self.decoder.speed_step(
+        tokens, carry, positions, cache, speculative_vocab_size,
+        numerics or network.step_numerics(self.config))

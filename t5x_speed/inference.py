@@ -2,8 +2,8 @@
 encoder-decoder model, from encoder inputs).
 
 The step functions and decode-fn arguments come from `steps.BoundSteps`, as
-in the T5X model (models.py); this module serves the tests, the demo and
-the benchmark.
+in the T5X model (models.py), and the result is a `Generation`, a view of
+the decode fn's `DecodeResult` with each example's produced tokens.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -21,6 +21,8 @@ Example:
   ...                   max_decode_steps=6, method='greedy', eos_id=1)
   >>> bool((speed.tokens == greedy.tokens).all()), speed.tokens.shape
   (True, (2, 6))
+  >>> speed.pipelined, greedy.stats is None
+  (True, True)
 """
 
 import functools
@@ -32,12 +34,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
+from t5x_speed import cpu
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
 from t5x_speed import sampling
 from t5x_speed import steps
+from t5x_speed.results import DecodeResult
+from t5x_speed.results import SpeedSchedule
+from t5x_speed.results import SpeedStats
+
+__all__ = ['generate', 'Generation', 'check_finite', 'prepare',
+           'build_inputs', 'METHODS', 'COMPILER_OPTIONS']
 
 Array = jax.Array
 # How `generate` compiles. XLA's default lets it keep a bfloat16 value in
@@ -55,6 +63,7 @@ DECODE_FNS = {'speed': decoding.speed_decode, 'greedy': decoding.greedy_decode,
               'sample': sampling.sample_decode}
 METHODS = tuple(DECODE_FNS)
 SAMPLING_METHODS = ('speed_sample', 'sample')
+SPEED_METHODS = ('speed', 'speed_sample')
 
 
 def check_finite(params: Any, name: str = 'params'):
@@ -76,19 +85,44 @@ def check_finite(params: Any, name: str = 'params'):
 
 @flax.struct.dataclass
 class Generation:
-  """Result of `generate`.
+  """What `generate` returns: a view of the decode fn's `DecodeResult`
+  (`t5x_speed.results`) with each example's produced tokens.
 
   Attributes:
-    tokens: [batch, max_decode_steps] produced tokens, zeros after EOS.
-    scores: [batch] log-probability of the produced tokens (final exit).
-    stats: `decoding.SpeedStats` for SPEED, else None.
-    schedule: `decoding.SpeedSchedule` when recorded, else None.
+    tokens: [batch, max_decode_steps] produced tokens; from position
+      `lengths` on, 0 (which is also a token id: read `lengths`).
+    lengths: [batch] int32 tokens produced, EOS included.
+    scores: [batch] log-probability of the produced tokens (final exit; for
+      the sampling methods under the tempered, filtered distribution).
+    stats: `SpeedStats` from the SPEED methods ('speed', 'speed_sample');
+      None from 'greedy' and 'sample'.
+    schedule: `SpeedSchedule` when recorded, else None.
+    pipelined: static: from the SPEED methods, True where SPEED's pipeline
+      decoded the batch and False where the batch took more rows (batch x
+      R) than `max_speculative_rows` and greedy's full-depth step decoded
+      it (the same tokens, no exits evaluated); None from the others.
   """
 
   tokens: Array
+  lengths: Array
   scores: Array
-  stats: Optional[decoding.SpeedStats] = None
-  schedule: Optional[decoding.SpeedSchedule] = None
+  stats: Optional[SpeedStats] = None
+  schedule: Optional[SpeedSchedule] = None
+  pipelined: Optional[bool] = flax.struct.field(pytree_node=False,
+                                                default=None)
+
+  @classmethod
+  def from_result(cls, result: DecodeResult, prompt_lengths: Array,
+                  max_decode_steps: int) -> 'Generation':
+    """The produced tokens of a one-decode `result` of T5X inputs made by
+    `build_inputs`."""
+    # decodes[:, 0, k] is position k+1; generation starts at prompt_length+1.
+    tokens = jax.vmap(lambda row, start: jax.lax.dynamic_slice(
+        row, (start,), (max_decode_steps,)))(result.sequences[:, 0],
+                                             prompt_lengths)
+    return cls(tokens=tokens, lengths=result.lengths[:, 0],
+               scores=result.scores[:, 0], stats=result.stats,
+               schedule=result.schedule, pipelined=result.pipelined)
 
 
 def build_inputs(prompts: Array, prompt_lengths: Array,
@@ -111,7 +145,12 @@ def prepare(bound: steps.BoundSteps, prompts: Array, prompt_lengths: Array,
   Only BOS + prompt are cached (or attended bidirectionally), so only that
   span goes through the prefill; an encoder-decoder model's
   `encoder_input_tokens` are encoded there.
+
+  Raises:
+    ValueError: `bidirectional` for an encoder-decoder model.
   """
+  steps.check_causal_attention(bound.config, bidirectional or None,
+                               'bidirectional')
   inputs = build_inputs(prompts, prompt_lengths, max_decode_steps)
   span = inputs[:, :prompts.shape[1] + 1]
   causal = (steps.prefix_attention(prompt_lengths, span.shape[1])
@@ -122,23 +161,15 @@ def prepare(bound: steps.BoundSteps, prompts: Array, prompt_lengths: Array,
   return inputs, cache
 
 
-def produced_tokens(decodes: Array, prompt_lengths: Array,
-                    max_decode_steps: int) -> Array:
-  """[batch, 1, length] decodes -> [batch, max_decode_steps] new tokens."""
-  # decodes[:, 0, k] is position k+1; generation starts at prompt_length+1.
-  return jax.vmap(lambda row, start: jax.lax.dynamic_slice(
-      row, (start,), (max_decode_steps,)))(decodes[:, 0], prompt_lengths)
-
-
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
     'record_schedule', 'speculative_vocab_size', 'topk',
-    'max_speculative_rows'),
+    'max_speculative_rows', 'require_pipeline'),
                    compiler_options=COMPILER_OPTIONS)
 def _generate(module, params, prompts, prompt_lengths, temperature, topp,
               rng, encoder_input_tokens, *, max_decode_steps, method, eos_id,
               bidirectional, record_schedule, speculative_vocab_size, topk,
-              max_speculative_rows) -> Generation:
+              max_speculative_rows, require_pipeline) -> Generation:
   bound = steps.BoundSteps(module, params, speculative_vocab_size)
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional, encoder_input_tokens)
@@ -148,15 +179,14 @@ def _generate(module, params, prompts, prompt_lengths, temperature, topp,
     method_args = dict(
         decode_rng=jax.random.PRNGKey(0) if rng is None else rng,
         temperature=temperature, topk=topk, topp=topp)
-  if steps.uses_pipeline(decode_fn):
-    method_args['max_speculative_rows'] = max_speculative_rows
-  result = decoding.decode(
-      decode_fn, record_schedule=record_schedule,
+  if method in SPEED_METHODS:
+    method_args.update(max_speculative_rows=max_speculative_rows,
+                       require_pipeline=require_pipeline,
+                       record_schedule=record_schedule)
+  result = decode_fn(
       **bound.decode_fn_kwargs(decode_fn, inputs, cache, prompt_lengths),
       eos_id=eos_id, max_decode_steps=max_decode_steps, **method_args)
-  return Generation(
-      produced_tokens(result.sequences, prompt_lengths, max_decode_steps),
-      result.scores[:, 0], result.stats, result.schedule)
+  return Generation.from_result(result, prompt_lengths, max_decode_steps)
 
 
 def _check_encoder_inputs(module: Any, tokens: Optional[Array]
@@ -174,7 +204,7 @@ def _check_encoder_inputs(module: Any, tokens: Optional[Array]
   if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
     raise ValueError('encoder_input_tokens must be [batch, enc_len] integers, '
                      f'got shape {tokens.shape} and dtype {tokens.dtype}.')
-  decoding.check_token_range(tokens, module.config.vocab_size,
+  decode_args.check_token_range(tokens, module.config.vocab_size,
                              name='encoder_input_tokens')
   return tokens
 
@@ -199,6 +229,7 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
              record_schedule: bool = False,
              speculative_vocab_size: Optional[int] = None,
              max_speculative_rows: Any = 'auto',
+             require_pipeline: bool = False,
              check_params: bool = False,
              temperature: Optional[float] = None,
              topk: Optional[int] = None,
@@ -226,14 +257,18 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
       'sample' (its sequential equivalent, `sampling.sample_decode`).
     eos_id: end-of-sequence id, an integer; one outside [0, vocab) never ends
       an example (e.g. -1 disables EOS).
-    bidirectional: prefix-LM attention over BOS + prompt during prefill.
-    record_schedule: keep SPEED's per-step schedule.
-    speculative_vocab_size: None, or an integer >= 1: SPEED's speculative
-      exits score only this many first token ids (see
+    bidirectional: prefix-LM attention over BOS + prompt during prefill
+      (decoder-only models).
+    record_schedule: SPEED methods only: keep SPEED's per-step schedule.
+    speculative_vocab_size: SPEED methods only: None, or an integer >= 1:
+      SPEED's speculative exits score only this many first token ids (see
       `network.Decoder.speed_step`).
-    max_speculative_rows: SPEED methods only: 'auto', None or the most rows
-      (batch x R) a pipelined step takes; beyond it they decode with the
-      full-depth step, the same tokens (`decoding.speed_decode`).
+    max_speculative_rows: SPEED methods only: 'auto' (8 rows on CPU), None
+      (no limit) or the most rows (batch x R) a pipelined step takes;
+      beyond it they decode with the full-depth step, the same tokens, and
+      the result's `pipelined` is False (`decoding.speed_decode`).
+    require_pipeline: SPEED methods only: raise instead of decoding with
+      the full-depth step where the batch exceeds `max_speculative_rows`.
     check_params: first check that `params` are finite (`check_finite`), a
       pass over the weights; non-finite weights otherwise give token 0
       repeated with NaN scores.
@@ -244,9 +279,8 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
     topp: sampling methods only: sample among the smallest set of most
       likely tokens of mass >= topp (None or 0: off); at most one of topk
       and topp.
-    rng: the PRNG key of the sampling methods, raw (`jax.random.PRNGKey`) or
-      typed (`jax.random.key`); None means PRNGKey(0). The greedy methods
-      ignore it.
+    rng: sampling methods only: the PRNG key, raw (`jax.random.PRNGKey`) or
+      typed (`jax.random.key`); None means PRNGKey(0).
 
   Returns:
     A `Generation`; for sampling methods `scores` are the log-probabilities
@@ -254,25 +288,22 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
 
   Raises:
     ValueError: an argument outside the range above, naming it; also a
-      sampling setting (temperature, topk, topp) given to a greedy method.
+      setting that `method` does not use, changed from its default
+      (sampling settings to a greedy method, SPEED settings to 'greedy' or
+      'sample'), and `bidirectional` for an encoder-decoder model.
   """
   if method not in METHODS:
     raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
-  settings = dict(temperature=temperature, topk=topk, topp=topp)
-  given = {k: v for k, v in settings.items() if v is not None}
-  if method not in SAMPLING_METHODS and given:
-    raise ValueError(
-        f'generate(method={method!r}) decodes greedily, token for token, but '
-        f'{", ".join(f"{k}={v!r}" for k, v in given.items())} would sample: '
-        f'temperature, topk and topp are taken by the sampling methods '
-        f'{SAMPLING_METHODS}. Sample with method=\'speed_sample\' (exact '
-        'SPEED sampling) or \'sample\', or leave them unset.')
+  _check_method_settings(method, dict(
+      temperature=temperature, topk=topk, topp=topp, rng=rng), dict(
+          record_schedule=record_schedule,
+          speculative_vocab_size=speculative_vocab_size,
+          max_speculative_rows=max_speculative_rows,
+          require_pipeline=require_pipeline))
   decode_args.check_prng_key('rng', rng)
+  steps.check_causal_attention(module.config, bidirectional or None,
+                               'bidirectional')
   encoder_input_tokens = _check_encoder_inputs(module, encoder_input_tokens)
-  if bidirectional and encoder_input_tokens is not None:
-    raise ValueError('bidirectional (prefix-LM prompts) is for decoder-only '
-                     'models; an encoder-decoder model\'s decoder attends '
-                     'causally.')
   if prompts is None and prompt_lengths is None and (
       encoder_input_tokens is not None):
     batch = encoder_input_tokens.shape[0]
@@ -309,13 +340,16 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
     raise ValueError(f'eos_id must be an integer, got {eos_id!r}.')
   speculative_vocab_size = decode_args.check_speculative_vocab_size(
       speculative_vocab_size)
-  backend.resolve_max_speculative_rows(max_speculative_rows)  # checks it
-  decoding.check_token_range(prompts, module.config.vocab_size,
+  cpu.dispatch.max_speculative_rows(max_speculative_rows)  # checks it
+  for name, flag in (('bidirectional', bidirectional),
+                     ('record_schedule', record_schedule),
+                     ('require_pipeline', require_pipeline),
+                     ('check_params', check_params)):
+    decode_args.check_bool(name, flag)
+  decode_args.check_token_range(prompts, module.config.vocab_size,
                              prompt_lengths, name='prompts')
   if check_params:
     check_finite(params)
-  if record_schedule and not steps.uses_pipeline(DECODE_FNS[method]):
-    raise ValueError(f'record_schedule needs a SPEED method, got {method!r}.')
   if method in SAMPLING_METHODS:
     topp = 0.0 if topp is None else topp
     temperature, topk, _ = sampling.check_settings(
@@ -335,4 +369,34 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
                    eos_id=operator.index(eos_id), bidirectional=bidirectional,
                    record_schedule=record_schedule,
                    speculative_vocab_size=speculative_vocab_size,
-                   max_speculative_rows=max_speculative_rows)
+                   max_speculative_rows=max_speculative_rows,
+                   require_pipeline=require_pipeline)
+
+
+# What each setting of `generate` is when left unset.
+_DEFAULTS = dict(temperature=None, topk=None, topp=None, rng=None,
+                 record_schedule=False, speculative_vocab_size=None,
+                 max_speculative_rows='auto', require_pipeline=False)
+
+
+def _check_method_settings(method: str, sampling_settings: dict,
+                           speed_settings: dict) -> None:
+  """Raises ValueError where a setting that `method` does not use is given
+  (differs from its default)."""
+  for settings, used, what in (
+      (sampling_settings, SAMPLING_METHODS, 'sampling'),
+      (speed_settings, SPEED_METHODS, 'SPEED')):
+    given = {k: v for k, v in settings.items()
+             if not _is_default(v, _DEFAULTS[k])}
+    if method not in used and given:
+      names = ', '.join(f'{k}={v!r}' for k, v in given.items())
+      raise ValueError(
+          f'generate(method={method!r}) does not use {names}: '
+          f'{", ".join(settings)} are settings of the {what} methods '
+          f'{used}. Leave them unset, or choose one of those methods.')
+
+
+def _is_default(value: Any, default: Any) -> bool:
+  if default is None:
+    return value is None
+  return isinstance(value, type(default)) and value == default

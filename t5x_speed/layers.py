@@ -6,9 +6,12 @@ with two decode-time changes: the embedding is a gather (a one-hot matmul
 re-reads the whole table every step) and the key/value cache is written at
 absolute positions by scatter, touching only the written entries.
 
-How the weight matmuls, gathers and scatters are computed (XLA's dot, the
-few-row kernel, per-row GEMVs; 16-bit values moved as bits) is chosen by
-`t5x_speed.backend`.
+A decode step's weight products, gathers and attention take its
+`numerics` (a `t5x_speed.cpu.DecodeNumerics`, resolved once per model by
+`t5x_speed.cpu.dispatch.decode_numerics`): the CPU kernels, XLA's dot or
+per-row GEMVs. Full-sequence passes (training, scoring, prefill) pass none
+and use XLA's ops. Gathers and scatters of 16-bit floats move the values as
+uint16 bits in every pass (`move_values`).
 """
 
 import functools
@@ -22,16 +25,28 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
-from t5x_speed import rowattention
-from t5x_speed import rowmatmul
+from t5x_speed import cpu
+from t5x_speed.cpu.dispatch import DecodeNumerics
+from t5x_speed.cpu.dispatch import Matmul
+
+__all__ = ['Dense', 'dense_group', 'RMSNorm', 'Mlp', 'Embed',
+           'RelativePositionBias', 'relative_position_bucket',
+           'dot_product_attention', 'write_cache', 'cached_attention',
+           'attention', 'move_values', 'NEG_INF']
 
 Array = jax.Array
+Numerics = Optional[DecodeNumerics]
 param_with_axes = nn_partitioning.param_with_axes
 with_sharding_constraint = nn_partitioning.with_sharding_constraint
 
 # Additive attention bias of masked keys, as in T5X.
 NEG_INF = -1e10
+
+# Gathers and scatters move these dtypes as the unsigned integers of their
+# width: they only move values, and XLA:CPU would convert the whole operand
+# to float32 and back.
+_MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
+              jnp.dtype(jnp.float16): jnp.dtype(jnp.uint16)}
 
 default_kernel_init = nn.initializers.variance_scaling(
     1.0, 'fan_in', 'truncated_normal')
@@ -50,7 +65,9 @@ class Dense(nn.Module):
   """Bias-free linear map over the trailing `len(in_shape)` axes.
 
   The kernel is stored 2-D, [prod(in), prod(out)], as T5X's DenseGeneral does,
-  so that its logical axes (`kernel_axes`) name the stored array.
+  so that its logical axes (`kernel_axes`) name the stored array. Called
+  with a decode step's `numerics`, the product runs as they say (the CPU
+  kernel reads the stored layout directly); without, it is XLA's dot.
   """
 
   features: Tuple[int, ...]
@@ -60,7 +77,7 @@ class Dense(nn.Module):
   kernel_axes: Tuple[str, str] = ('embed', 'mlp')
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, numerics: Numerics = None) -> Array:
     features = tuple(np.atleast_1d(self.features))
     in_shape = x.shape[-self.num_in_axes:]
     kernel = param_with_axes(
@@ -70,34 +87,36 @@ class Dense(nn.Module):
     x = jnp.asarray(x, self.dtype)
     batch_ndim = x.ndim - self.num_in_axes
     batch_shape = x.shape[:batch_ndim]
-    path = backend.choose_matmul(int(np.prod(batch_shape)), kernel.size)
-    if path is backend.Matmul.KERNEL:
-      # The kernel reads the stored 2-D layout directly.
+    path = _matmul_path(numerics, int(np.prod(batch_shape)), kernel.size)
+    if path is Matmul.KERNEL:
       flat = x.reshape(batch_shape + (kernel.shape[0],))
-      out = backend.kernel_matmul(flat, jnp.asarray(kernel, self.dtype))
+      out = cpu.matmul.matmul(flat, jnp.asarray(kernel, self.dtype),
+                              threads=numerics.threads)
       return out.reshape(batch_shape + features)
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
     k_axes = tuple(range(self.num_in_axes))
-    if path is backend.Matmul.ROW_MATVECS:
+    if path is Matmul.ROW_MATVECS:
       return _per_row(x, batch_ndim, lambda row: lax.dot_general(
           row, kernel, ((k_axes, k_axes), ((), ()))))
     contract = tuple(range(batch_ndim, x.ndim))
     return lax.dot_general(x, kernel, ((contract, k_axes), ((), ())))
 
 
-def dense_group(denses: Sequence[Dense], x: Array) -> Tuple[Array, ...]:
-  """`tuple(d(x) for d in denses)`, as one kernel call in a decode step.
+def dense_group(denses: Sequence[Dense], x: Array,
+                numerics: Numerics = None) -> Tuple[Array, ...]:
+  """`tuple(d(x, numerics) for d in denses)`, as one kernel call where the
+  decode step's `numerics` put the product in the CPU kernel.
 
-  Where the step's matmuls use the few-row kernel (`backend.choose_matmul`),
-  the weights of all of `denses` (e.g. q, k and v) stream in one call with
-  one wait on its threads; every output is bit-identical to the Dense's own.
-  Elsewhere (training, prefill, XLA's dot, initialisation) each Dense is
-  called as usual.
+  The weights of all of `denses` (e.g. q, k and v) then stream in one call
+  with one wait on its threads; every output is bit-identical to the
+  Dense's own. Elsewhere (training, prefill, XLA's dot, initialisation)
+  each Dense is called as usual.
 
   Args:
     denses: Dense modules of one parent, each with `num_in_axes` 1 and one
       dtype.
     x: [..., in] activations.
+    numerics: a decode step's, or None (XLA's dot).
   """
   dtype = denses[0].dtype
   batch_shape = x.shape[:-1]
@@ -106,13 +125,14 @@ def dense_group(denses: Sequence[Dense], x: Array) -> Tuple[Array, ...]:
       all(d.has_variable('params', 'kernel') for d in denses)):
     kernels = [jnp.asarray(d.variables['params']['kernel'], dtype)
                for d in denses]
-    path = backend.choose_matmul(int(np.prod(batch_shape)),
-                                 sum(k.size for k in kernels))
-    if path is backend.Matmul.KERNEL:
-      outs = backend.kernel_matmuls(jnp.asarray(x, dtype), kernels)
+    path = _matmul_path(numerics, int(np.prod(batch_shape)),
+                        sum(k.size for k in kernels))
+    if path is Matmul.KERNEL:
+      outs = cpu.matmul.matmuls(jnp.asarray(x, dtype), kernels,
+                                threads=numerics.threads)
       return tuple(o.reshape(batch_shape + tuple(np.atleast_1d(d.features)))
                    for o, d in zip(outs, denses))
-  return tuple(d(x) for d in denses)
+  return tuple(d(x, numerics) for d in denses)
 
 
 class RMSNorm(nn.Module):
@@ -144,13 +164,14 @@ class Mlp(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
+  def __call__(self, x: Array, deterministic: bool,
+               numerics: Numerics = None) -> Array:
     names = (['wi'] if len(self.activations) == 1 else
              [f'wi_{i}' for i in range(len(self.activations))])
     projections = dense_group([
         Dense((self.intermediate_dim,), dtype=self.dtype,
               kernel_axes=('embed', 'mlp'), name=name) for name in names
-    ], x)
+    ], x, numerics)
     hidden = functools.reduce(operator.mul, [
         _activation(act)(h) for h, act in zip(projections, self.activations)
     ])
@@ -158,7 +179,7 @@ class Mlp(nn.Module):
         hidden, deterministic=deterministic)
     hidden = with_sharding_constraint(hidden, ('batch', 'length', 'mlp'))
     return Dense((x.shape[-1],), dtype=self.dtype, kernel_axes=('mlp', 'embed'),
-                 name='wo')(hidden)
+                 name='wo')(hidden, numerics)
 
 
 class Embed(nn.Module):
@@ -174,36 +195,41 @@ class Embed(nn.Module):
         (self.num_embeddings, self.features), jnp.float32,
         axes=('vocab', 'embed'))
 
-  def __call__(self, tokens: Array) -> Array:
-    """Gathers rows: [...] int -> [..., features] in `dtype`."""
-    if backend.step_uses_kernel():
-      rows = rowmatmul.gather_rows(self.embedding, tokens)
+  def __call__(self, tokens: Array, numerics: Numerics = None) -> Array:
+    """Gathers rows: [...] int -> [..., features] in `dtype`.
+
+    With a decode step's `numerics` on the kernel, the rows are copied as
+    stored (a uint16 view of a bf16 table would be a copy per step).
+    """
+    if numerics is not None and numerics.kernel:
+      rows = cpu.matmul.gather_rows(self.embedding, tokens)
       return jnp.asarray(rows, self.dtype)
     table = jnp.asarray(self.embedding, self.dtype)
-    return backend.move_values(lambda t, i: t[i], (table,), tokens)
+    return move_values(lambda t, i: t[i], (table,), tokens)
 
   def attend(self, query: Array, vocab_limit: Optional[int] = None,
-             scale: float = 1.0) -> Array:
+             scale: float = 1.0, numerics: Numerics = None) -> Array:
     """Scores `query` [..., features] against the rows, in float32.
 
     `vocab_limit` scores only the first `vocab_limit` rows; every score is
-    multiplied by float32(`scale`). In a decode step the kernel reads the
-    table as stored (bf16 or f32) without a converted copy and scales each
-    score as it stores it; the arithmetic is float32 either way, and the
-    scaling is the same float32 multiply on every path (the paths differ
-    only in how they sum the dot products).
+    multiplied by float32(`scale`). With a decode step's `numerics` on the
+    kernel, it reads the table as stored (bf16 or f32) without a converted
+    copy and scales each score as it stores it; the arithmetic is float32
+    either way, and the scaling is the same float32 multiply on every path
+    (the paths differ only in how they sum the dot products).
     """
     query = jnp.asarray(query, jnp.float32)
     rows = int(np.prod(query.shape[:-1]))
     scored = self.num_embeddings if vocab_limit is None else vocab_limit
-    path = backend.choose_matmul(rows, scored * self.features)
-    if path is backend.Matmul.KERNEL:
-      return backend.kernel_matmul(query, self.embedding, transpose_w=True,
-                                   cols=vocab_limit, scale=scale)
+    path = _matmul_path(numerics, rows, scored * self.features)
+    if path is Matmul.KERNEL:
+      return cpu.matmul.matmul(query, self.embedding, transpose_w=True,
+                               cols=vocab_limit, scale=scale,
+                               threads=numerics.threads)
     table = jnp.asarray(self.embedding, jnp.float32)
     if vocab_limit is not None:
       table = table[:vocab_limit]
-    if path is backend.Matmul.ROW_MATVECS:
+    if path is Matmul.ROW_MATVECS:
       scores = _per_row(query, query.ndim - 1, lambda row: jnp.dot(table, row))
     else:
       scores = jnp.dot(query, table.T)
@@ -341,18 +367,19 @@ def write_cache(cache: Array, stages: Sequence[int], positions: Array,
     stages = tuple(stages) * 2
     positions = jnp.concatenate([positions, jnp.full_like(positions, -1)], 1)
     update = jnp.concatenate([update, update], 1)
-  scatter = lambda c, u, p: rowattention.write_reference(c, stages, p, u)
-  return backend.move_values(scatter, (cache, update), positions)
+  scatter = lambda c, u, p: cpu.attention.write_reference(c, stages, p, u)
+  return move_values(scatter, (cache, update), positions)
 
 
 def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
                      new_keys: Array, new_values: Array, positions: Array,
-                     stages: Sequence[int]) -> Tuple[Array, Array, Array]:
+                     stages: Sequence[int], numerics: Numerics = None
+                     ) -> Tuple[Array, Array, Array]:
   """Writes a step's keys and values, then attends one query per slot.
 
-  In a decode step whose matmuls use the few-row kernel, one kernel call
-  does both (`t5x_speed.rowattention`); elsewhere `write_cache` and XLA's
-  attention (`rowattention.reference`).
+  With `numerics` on the kernel, one kernel call does both
+  (`t5x_speed.cpu.attention`); elsewhere `write_cache` and XLA's attention
+  (`cpu.attention.reference`).
 
   Args:
     query: [batch, slots, heads, head_dim].
@@ -364,20 +391,24 @@ def cached_attention(query: Array, keys: Array, values: Array, bias: Array,
     new_values: like `new_keys`.
     positions: [batch, slots] absolute positions, -1 for an empty slot.
     stages: static stage index of each slot, len(stages) == slots.
+    numerics: the decode step's.
 
   Returns:
     (context [batch, slots, heads, head_dim], keys, values): the attention
     and the updated caches.
   """
-  if backend.step_uses_kernel():
-    return backend.kernel_attention(query, keys, values, bias, new_keys,
-                                    new_values, positions, stages)
+  if numerics is not None and numerics.kernel:
+    return cpu.attention.cached_attention(
+        query, keys, values, bias, new_keys, new_values, positions,
+        stages=stages, threads=numerics.threads)
   keys = write_cache(keys, stages, positions, new_keys)
   values = write_cache(values, stages, positions, new_values)
-  return rowattention.reference(query, keys, values, bias, stages), keys, values
+  return (cpu.attention.reference(query, keys, values, bias, stages), keys,
+          values)
 
 
-def attention(query: Array, keys: Array, values: Array, bias: Array) -> Array:
+def attention(query: Array, keys: Array, values: Array, bias: Array,
+              numerics: Numerics = None) -> Array:
   """A decode step's attention over keys and values it does not write (an
   encoder's, for cross-attention), one query per slot.
 
@@ -386,13 +417,57 @@ def attention(query: Array, keys: Array, values: Array, bias: Array) -> Array:
     keys: [1, batch, heads, length, head_dim].
     values: like `keys`.
     bias: [batch, slots, heads, length] additive bias (the padding mask).
+    numerics: the decode step's.
 
   Returns:
     context [batch, slots, heads, head_dim], row by row through the kernel
-    where the step's matmuls use it (`backend.step_uses_kernel`), else by
-    XLA's ops.
+    where `numerics` put the step on it, else by XLA's ops.
   """
   stages = (0,) * query.shape[1]
-  if backend.step_uses_kernel():
-    return backend.kernel_attend(query, keys, values, bias, stages)
-  return rowattention.reference(query, keys, values, bias, stages)
+  if numerics is not None and numerics.kernel:
+    return cpu.attention.attention(query, keys, values, bias, stages=stages,
+                                   threads=numerics.threads)
+  return cpu.attention.reference(query, keys, values, bias, stages)
+
+
+def _matmul_path(numerics: Numerics, rows: int,
+                 weight_elements: int) -> Matmul:
+  """XLA's dot for a full-sequence pass; as `numerics` say in a decode
+  step."""
+  if numerics is None:
+    return Matmul.XLA
+  return numerics.matmul_path(rows, weight_elements)
+
+
+def move_values(move: Callable[..., Array], values: Sequence[Array],
+                *indices: Array) -> Array:
+  """`move(*values, *indices)` for a `move` that only moves values.
+
+  Args:
+    move: a gather or scatter, linear in `values` (e.g. `lambda t, i: t[i]`).
+    values: the arrays whose elements are moved, all of one dtype.
+    *indices: the other (integer) operands.
+
+  Returns:
+    What `move` returns. 16-bit floats are moved as their bits, with the
+    derivative of `move` itself.
+  """
+  dtype = jnp.dtype(values[0].dtype)
+  bits = _MOVE_BITS.get(dtype)
+  if bits is None:
+    return move(*values, *indices)
+
+  @jax.custom_jvp
+  def moved(values, indices):
+    out = move(*(lax.bitcast_convert_type(v, bits) for v in values), *indices)
+    return lax.bitcast_convert_type(out, dtype)
+
+  @moved.defjvp
+  def moved_jvp(primals, tangents):
+    values, indices = primals
+    # The derivative of `move` on the values themselves: JAX's own rule,
+    # which stays transposable where a scatter's indices may repeat.
+    _, tangent = jax.jvp(lambda *v: move(*v, *indices), values, tangents[0])
+    return moved(values, indices), tangent
+
+  return moved(tuple(values), tuple(indices))

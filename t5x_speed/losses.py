@@ -17,6 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ['exit_weights', 'multi_exit_cross_entropy', 'exit_agreement',
+           'check_exit_agreement', 'exit_statistics', 'cross_entropy_with_logits',
+           'weighted_cross_entropy', 'ExitWeighting', 'WEIGHTING_SCHEMES',
+           'AGREEMENT_TARGETS']
+
 Array = jax.Array
 ExitWeighting = Union[str, Sequence[float]]
 WEIGHTING_SCHEMES = ('linear', 'uniform', 'final_only')

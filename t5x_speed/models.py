@@ -46,7 +46,11 @@ from t5x_speed import decoding
 from t5x_speed import encoder_decoder
 from t5x_speed import losses
 from t5x_speed import network
+from t5x_speed import results
 from t5x_speed import steps
+
+__all__ = ['SpeedDecoderOnlyModel', 'SpeedEncoderDecoderModel',
+           'write_inferences_with_speed_statistics']
 
 Array = jax.Array
 PyTree = Any
@@ -284,7 +288,7 @@ class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
           'Batch does not have the right format for text generation: '
           '`task_feature_lengths` must have both `inputs` and `targets`.')
     inputs = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
-    decoding.check_token_range(inputs, self.config.vocab_size)
+    decode_args.check_token_range(inputs, self.config.vocab_size)
     cache, initial_index = self._compute_kv_cache(
         params, inputs, batch['decoder_causal_attention'])
     decodes, aux = self._decode(
@@ -383,12 +387,12 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
       num_decodes = self._default_decoder_params.num_decodes
     encoder_input_tokens = batch['encoder_input_tokens']
     decoder_input_tokens = batch['decoder_input_tokens']
-    decoding.check_token_range(encoder_input_tokens, self.config.vocab_size,
+    decode_args.check_token_range(encoder_input_tokens, self.config.vocab_size,
                                name='encoder_input_tokens')
     if prompt_with_targets:
       inputs = decoder_input_tokens * (
           decoder_input_tokens != self.output_vocabulary.eos_id)
-      decoding.check_token_range(inputs, self.config.vocab_size)
+      decode_args.check_token_range(inputs, self.config.vocab_size)
     else:
       inputs = jnp.zeros_like(decoder_input_tokens)
     ours = steps.takes_kv_cache(self._decode_fn)
@@ -418,7 +422,7 @@ def write_inferences_with_speed_statistics(
   A `t5x.infer` write_fn (t5x_speed/gin/runs/infer.gin binds it): after
   writing the predictions of a chunk as T5X does, sums the per-example
   aux['speed/...'] counters of 'predict_with_aux' mode over the chunk
-  (`decoding.SpeedStats.summary`: steps per token, flushes, flip rate per
+  (`results.SpeedStats.summary`: steps per token, flushes, flip rate per
   stage, occupancy), logs them, appends them with the chunk's file name to
   `summary_dir`/speed_statistics.jsonl and writes them as TensorBoard scalars
   under `summary_dir`/speed_statistics (step: the chunk's number). Nothing
@@ -436,7 +440,7 @@ def write_inferences_with_speed_statistics(
   inferences = (predictions, jax.tree.map(np.asarray, aux))
   t5x_infer.write_inferences_to_file(output_fname, inferences, task_ds, mode,
                                      vocabulary, **kwargs)
-  stats = decoding.SpeedStats.from_aux(inferences[1]) if mode == (
+  stats = results.SpeedStats.from_aux(inferences[1]) if mode == (
       'predict_with_aux') else None
   if stats is None:
     return

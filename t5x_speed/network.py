@@ -42,12 +42,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
 from t5x_speed import blocks
+from t5x_speed import cpu
 from t5x_speed import layers
 from t5x_speed.config import SharingOrder, TransformerConfig  # pylint: disable=unused-import
 
+__all__ = ['SpeedTransformer', 'Decoder', 'KVCache', 'TransformerConfig',
+           'SharingOrder', 'make_attention_mask', 'step_numerics']
+
 Array = jax.Array
+
+
+def step_numerics(config: TransformerConfig) -> cpu.DecodeNumerics:
+  """How a decode step of a model with `config` computes on the platform
+  JAX runs on: its `decode_matmul` and `kernel_threads` resolved by
+  `t5x_speed.cpu.dispatch.decode_numerics`."""
+  return cpu.dispatch.decode_numerics(config.decode_matmul,
+                                      config.kernel_threads)
 
 
 @flax.struct.dataclass
@@ -146,8 +157,9 @@ class Decoder(nn.Module):
   def _layer(self, virtual_layer: int) -> blocks.DecoderLayer:
     return self.layers[self.config.layer_order[virtual_layer]]
 
-  def _embed(self, tokens: Array, deterministic: bool) -> Array:
-    x = self.dropout(self.embedder(tokens.astype(jnp.int32)),
+  def _embed(self, tokens: Array, deterministic: bool,
+             numerics: layers.Numerics = None) -> Array:
+    x = self.dropout(self.embedder(tokens.astype(jnp.int32), numerics),
                      deterministic=deterministic)
     return x.astype(self.config.dtype)
 
@@ -191,18 +203,21 @@ class Decoder(nn.Module):
             bias)
 
   def exit_logits(self, x: Array, deterministic: bool = True,
-                  vocab_limit: Optional[int] = None) -> Array:
+                  vocab_limit: Optional[int] = None,
+                  numerics: layers.Numerics = None) -> Array:
     """The shared classifier: final norm + (tied) logits, [..., vocab] f32.
 
-    With `vocab_limit` only the first `vocab_limit` token ids are scored.
+    With `vocab_limit` only the first `vocab_limit` token ids are scored;
+    `numerics`: a decode step's (None: XLA's dot).
     """
     y = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if self.config.logits_via_embedding:
       # T5X's 1/sqrt(emb) of tied logits, as the float32 multiply XLA makes
       # of its division by jnp.sqrt(emb); the kernel applies it as it stores.
       scale = np.float32(1) / np.sqrt(np.float32(y.shape[-1]))
-      return self.embedder.attend(y, vocab_limit, scale=float(scale))
-    logits = self.logits_dense(y)
+      return self.embedder.attend(y, vocab_limit, scale=float(scale),
+                                  numerics=numerics)
+    logits = self.logits_dense(y, numerics)
     return logits if vocab_limit is None else logits[..., :vocab_limit]
 
   def _step_bias(self, positions: Array, length: int) -> Array:
@@ -336,8 +351,8 @@ class Decoder(nn.Module):
           cross_bias=cross[1][:, 0, 0][None])
     return jnp.stack(exits, axis=1), cache
 
-  def decode_step(self, tokens: Array, positions: Array,
-                  cache: KVCache) -> Tuple[Array, KVCache]:
+  def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
+                  numerics: layers.Numerics = None) -> Tuple[Array, KVCache]:
     """One token per example through all G*R virtual layers.
 
     Args:
@@ -346,6 +361,8 @@ class Decoder(nn.Module):
         nothing, for finished examples (a position >= cache length attends
         to every position, without bias, as in T5X).
       cache: the `KVCache`.
+      numerics: how the step computes (`t5x_speed.cpu.DecodeNumerics`);
+        None is XLA's ops.
 
     Returns:
       Final-exit logits [batch, vocab] and the updated cache.
@@ -358,15 +375,15 @@ class Decoder(nn.Module):
     # to the whole cache without relative-position bias.
     bias = jnp.where((positions < cache.length)[:, :, None, None],
                      self._step_bias(positions, cache.length), 0)
-    x = self._embed(tokens[:, None], deterministic=True)          # [b, 1, emb]
+    x = self._embed(tokens[:, None], True, numerics)              # [b, 1, emb]
     for r in range(cfg.num_repeats):
       for j in range(cfg.num_unique_layers):
         u = cfg.layer_order[r * cfg.num_unique_layers + j]
         x, keys[j], values[j] = self.layers[u].step(
             x, positions, bias, keys[j], values[j], stages=(r,),
-            cross=self._step_cross(cache, u, 1))
-    return self.exit_logits(x[:, 0]), cache.replace(keys=tuple(keys),
-                                                    values=tuple(values))
+            cross=self._step_cross(cache, u, 1), numerics=numerics)
+    logits = self.exit_logits(x[:, 0], numerics=numerics)
+    return logits, cache.replace(keys=tuple(keys), values=tuple(values))
 
   def stage_groups(self, j: int) -> Dict[int, Tuple[int, ...]]:
     """Unique layer -> stages that use it at pass position j (static)."""
@@ -378,7 +395,8 @@ class Decoder(nn.Module):
     return groups
 
   def speed_step(self, tokens: Array, carry: Array, positions: Array,
-                 cache: KVCache, speculative_vocab_size: Optional[int] = None
+                 cache: KVCache, speculative_vocab_size: Optional[int] = None,
+                 numerics: layers.Numerics = None
                  ) -> Tuple[Array, Array, KVCache]:
     """One SPEED pipeline step: slot s holds a token at stage (repetition) s.
 
@@ -401,6 +419,8 @@ class Decoder(nn.Module):
         vocabulary, so outputs are unchanged; a token outside the shortlist
         can only cost a flush. On hardware where a matmul over R rows costs
         about R one-row matmuls (XLA:CPU), this halves the classifier.
+      numerics: how the step computes (`t5x_speed.cpu.DecodeNumerics`);
+        None is XLA's ops.
 
     Returns:
       Each slot's exit logits [batch, R, vocab] (slot s: exit after
@@ -410,7 +430,7 @@ class Decoder(nn.Module):
     cfg = self.config
     keys, values = list(cache.keys), list(cache.values)
     bias = self._step_bias(positions, cache.length)           # [b, R, h, len]
-    x = jnp.concatenate([self._embed(tokens[:, None], deterministic=True),
+    x = jnp.concatenate([self._embed(tokens[:, None], True, numerics),
                          carry.astype(cfg.dtype)], axis=1)    # [b, R, emb]
     for j in range(cfg.num_unique_layers):
       groups = self.stage_groups(j)
@@ -419,25 +439,29 @@ class Decoder(nn.Module):
         x, keys[j], values[j] = self.layers[u].step(
             x, positions, bias, keys[j], values[j],
             stages=tuple(range(cfg.num_repeats)),
-            cross=self._step_cross(cache, u, cfg.num_repeats))
+            cross=self._step_cross(cache, u, cfg.num_repeats),
+            numerics=numerics)
         continue
       y = x
       for u, stages in groups.items():
         idx = np.asarray(stages)
         out, keys[j], values[j] = self.layers[u].step(
             x[:, idx], positions[:, idx], bias[:, idx], keys[j], values[j],
-            stages=stages, cross=self._step_cross(cache, u, len(stages)))
+            stages=stages, cross=self._step_cross(cache, u, len(stages)),
+            numerics=numerics)
         y = y.at[:, idx].set(out)
       x = y
     cache = cache.replace(keys=tuple(keys), values=tuple(values))
     vocab = cfg.vocab_size
     if speculative_vocab_size is None or speculative_vocab_size >= vocab:
-      return self.exit_logits(x), x, cache
-    speculative = self.exit_logits(x[:, :-1], vocab_limit=speculative_vocab_size)
+      return self.exit_logits(x, numerics=numerics), x, cache
+    speculative = self.exit_logits(x[:, :-1],
+                                   vocab_limit=speculative_vocab_size,
+                                   numerics=numerics)
     speculative = jnp.pad(speculative, ((0, 0), (0, 0),
                                         (0, vocab - speculative_vocab_size)),
                           constant_values=-jnp.inf)       # [b, R-1, vocab]
-    final = self.exit_logits(x[:, -1:])                     # [b, 1, vocab]
+    final = self.exit_logits(x[:, -1:], numerics=numerics)  # [b, 1, vocab]
     return jnp.concatenate([speculative, final], axis=1), x, cache
 
 
@@ -459,13 +483,19 @@ class SpeedTransformer(nn.Module):
   def prefill(self, *args, **kwargs):
     return self.decoder.prefill(*args, **kwargs)
 
-  # The two decode steps are traced as such, with the config's numerics
-  # (`backend.decode_step`): their few-row weight matmuls may then leave
-  # XLA's dot, which every other pass keeps.
-  def decode_step(self, *args, **kwargs):
-    with backend.decode_step(self.config.decode_numerics):
-      return self.decoder.decode_step(*args, **kwargs)
+  def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
+                  numerics: layers.Numerics = None) -> Tuple[Array, KVCache]:
+    """`Decoder.decode_step` with `numerics`, by default the model's own
+    (`step_numerics(config)`)."""
+    return self.decoder.decode_step(tokens, positions, cache,
+                                    numerics or step_numerics(self.config))
 
-  def speed_step(self, *args, **kwargs):
-    with backend.decode_step(self.config.decode_numerics):
-      return self.decoder.speed_step(*args, **kwargs)
+  def speed_step(self, tokens: Array, carry: Array, positions: Array,
+                 cache: KVCache, speculative_vocab_size: Optional[int] = None,
+                 numerics: layers.Numerics = None
+                 ) -> Tuple[Array, Array, KVCache]:
+    """`Decoder.speed_step` with `numerics`, by default the model's own
+    (`step_numerics(config)`)."""
+    return self.decoder.speed_step(tokens, carry, positions, cache,
+                                   speculative_vocab_size,
+                                   numerics or step_numerics(self.config))

@@ -44,8 +44,8 @@ Example (SPEED sampling equals sequential sampling, sample by sample):
   >>> inputs = jnp.array([[0, 3, 4, 0, 0, 0, 0, 0]])   # BOS, prompt, room
   >>> lengths = jnp.array([2])
   >>> cache = bound.prefill(inputs, lengths)
-  >>> decodes = {fn.__name__: decoding.decode(
-  ...     fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
+  >>> decodes = {fn.__name__: fn(
+  ...     **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
   ...     decode_rng=jax.random.PRNGKey(7), temperature=1.0,
   ...     num_decodes=3).sequences
   ...            for fn in (sample_decode, speed_sample_decode)}
@@ -64,13 +64,17 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
+from t5x_speed import cpu
 from t5x_speed import decode_args
 from t5x_speed import decoding
-from t5x_speed import rowsample
 from t5x_speed import sequential_loop
 from t5x_speed import speed_loop
 from t5x_speed import token_rules
+from t5x_speed.results import DecodeResult
+from t5x_speed.results import SpeedStats
+
+__all__ = ['speed_sample_decode', 'sample_decode', 'PositionKeyedSampler',
+           'topp_filter', 'row_keys', 'check_settings', 'MIN_TEMPERATURE']
 
 Array = jax.Array
 # T5X's: at or below this temperature a row decodes greedily.
@@ -91,10 +95,10 @@ class PositionKeyedSampler:
     use_topp: whether to apply top-p (False when topp is a concrete 0).
     rescale_log_probs: `log_prob` under the filtered, tempered distribution
       (T5X's default; 0 for greedy rows) instead of the model's.
-    use_kernel: sample with `t5x_speed.rowsample`'s kernel (True), XLA's ops
-      (False), or as `backend.sampler_kernel_runs` decides (None). The two
-      draw the same bits; their logarithms and exponentials differ in the
-      last ulps.
+    token_choice: 'auto', 'kernel' or 'xla': sample with `cpu.sample`'s
+      kernel or XLA's ops (`cpu.dispatch.token_kernel` resolves it). The
+      two draw the same bits; their logarithms and exponentials differ in
+      the last ulps.
   """
 
   row_keys: Array
@@ -104,8 +108,7 @@ class PositionKeyedSampler:
   use_topp: bool = flax.struct.field(pytree_node=False, default=False)
   rescale_log_probs: bool = flax.struct.field(pytree_node=False,
                                               default=True)
-  use_kernel: Optional[bool] = flax.struct.field(pytree_node=False,
-                                                 default=None)
+  token_choice: str = flax.struct.field(pytree_node=False, default='auto')
 
   def _per_row(self, x: Array, ndim: int) -> Array:
     return x.reshape(x.shape + (1,) * (ndim - 1))
@@ -143,16 +146,14 @@ class PositionKeyedSampler:
     """Samples tokens [rows, S] from logits [rows, S, vocab] at positions
     [rows, S]; returns them and the last slot's log-probability [rows].
 
-    `token_rules.TokenRule.pick`, through `rowsample` or XLA's ops as
-    `use_kernel` says.
+    `token_rules.TokenRule.pick`, through `cpu.sample` or XLA's ops as
+    `token_choice` says.
     """
-    use_kernel = self.use_kernel
-    if use_kernel is None:
-      use_kernel = backend.sampler_kernel_runs(logits.dtype, self.row_keys)
-    if not use_kernel:
+    if not cpu.dispatch.token_kernel(self.token_choice, logits.dtype,
+                                     self.row_keys):
       tokens = self.tokens(logits, positions)
       return tokens, self.log_prob(logits[:, -1], tokens[:, -1])
-    return rowsample.pick(
+    return cpu.sample.pick(
         logits, self.row_keys, positions, self.temperature,
         jnp.broadcast_to(jnp.where(self.use_topp, self.topp, 0.0),
                          self.temperature.shape),
@@ -248,8 +249,9 @@ def check_settings(fn_name: str, batch: int, temperature: Any, topk: Any,
 
 def _sampler_and_expand(fn_name, inputs, cache, checked, cache_offset,
                         decode_rng, num_decodes, temperature, topk, topp,
-                        rescale_log_probs) -> _Expanded:
+                        rescale_log_probs, token_choice) -> _Expanded:
   """Checks the sampling arguments; repeats everything per decode."""
+  cpu.dispatch.check_token_choice(token_choice)
   batch = inputs.shape[0]
   num_decodes = decode_args.check_int('num_decodes', num_decodes, 1)
   temperature, topk, use_topp = check_settings(
@@ -265,23 +267,27 @@ def _sampler_and_expand(fn_name, inputs, cache, checked, cache_offset,
           row_keys=row_keys(decode_rng, batch, num_decodes),
           temperature=repeat(temperature),
           topp=jnp.asarray(topp, jnp.float32), topk=topk, use_topp=use_topp,
-          rescale_log_probs=bool(rescale_log_probs)),
+          rescale_log_probs=bool(rescale_log_probs),
+          token_choice=token_choice),
       repeat=repeat)
 
 
-def _sorted(sequences: Array, scores: Array, batch: int,
-            num_decodes: int) -> Tuple[Array, Array]:
-  """[rows, length + 1] and [rows] -> [batch, num_decodes, length] and
-  [batch, num_decodes], by increasing log-probability (T5X's order)."""
+def _sorted(sequences: Array, scores: Array, lengths: Array, batch: int,
+            num_decodes: int) -> Tuple[Array, Array, Array]:
+  """[rows, length + 1], [rows] and [rows] -> [batch, num_decodes, length],
+  [batch, num_decodes] and [batch, num_decodes], by increasing
+  log-probability (T5X's order)."""
   decodes = sequences[:, 1:].reshape(batch, num_decodes, -1)
   scores = scores.reshape(batch, num_decodes)
+  lengths = lengths.reshape(batch, num_decodes)
   order = jnp.argsort(scores, -1)
   return (jnp.take_along_axis(decodes, order[..., None], 1),
-          jnp.take_along_axis(scores, order, -1))
+          jnp.take_along_axis(scores, order, -1),
+          jnp.take_along_axis(lengths, order, -1))
 
 
-def _per_example(stats: speed_loop.SpeedStats, batch: int,
-                 num_decodes: int) -> speed_loop.SpeedStats:
+def _per_example(stats: SpeedStats, batch: int,
+                 num_decodes: int) -> SpeedStats:
   """Stats of the batch * num_decodes rows -> one row per example: the
   counters summed over its decodes, the invalid flags or-ed."""
   split = lambda x: x.reshape((batch, num_decodes) + x.shape[1:])
@@ -306,7 +312,8 @@ def sample_decode(inputs: Array,
                   initial_index: Optional[Array] = None,
                   max_decode_steps: Optional[decode_args.IntOrArray] = None,
                   max_decode_steps_hard_limit: Optional[int] = None,
-                  rescale_log_probs: bool = True) -> Tuple[Array, Array]:
+                  rescale_log_probs: bool = True,
+                  token_choice: str = 'auto') -> DecodeResult:
   """Sequential full-depth sampling with position-keyed noise.
 
   One full-depth token per loop step, as `decoding.greedy_decode`, sampled
@@ -333,12 +340,14 @@ def sample_decode(inputs: Array,
     max_decode_steps_hard_limit: as T5X's: if > 0, caps `max_decode_steps`.
     rescale_log_probs: score under the tempered, filtered distribution (True,
       T5X's default) or the model's (False).
+    token_choice: 'auto', 'kernel' or 'xla': sample with the CPU kernel or
+      XLA's ops (`PositionKeyedSampler.token_choice`).
 
   Returns:
-    (decodes [batch, num_decodes, length], log_probs [batch, num_decodes]),
-    each example's samples by increasing log-probability; NaN for an invalid
-    example (see `decoding`). `decoding.decode` returns them as a
-    `decoding.DecodeResult` (no stats).
+    A `DecodeResult` (no stats) that unpacks as T5X's (decodes [batch,
+    num_decodes, length], log_probs [batch, num_decodes]), each example's
+    samples by increasing log-probability; NaN for an invalid example (see
+    `decoding`).
 
   Raises:
     ValueError: for bad arguments (see `decoding`), a decode_rng that is not
@@ -353,13 +362,13 @@ def sample_decode(inputs: Array,
       eos_id, cache_offset)
   x = _sampler_and_expand('sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
-                          topk, topp, rescale_log_probs)
+                          topk, topp, rescale_log_probs, token_choice)
   final, scores = sequential_loop.sequential_loop(
       x.inputs, x.cache, tokens_to_logits, x.checked, x.sampler)
-  sequences, scores = _sorted(final.sequences, scores, inputs.shape[0],
-                              num_decodes)
-  return decoding.respond(decoding.DecodeResult(sequences=sequences,
-                                                scores=scores))
+  sequences, scores, lengths = _sorted(
+      final.sequences, scores, final.cur_index - x.checked.initial_index,
+      inputs.shape[0], num_decodes)
+  return DecodeResult(sequences=sequences, scores=scores, lengths=lengths)
 
 
 @decoding.declare_decode_fn(pipelined=True)
@@ -383,8 +392,10 @@ def speed_sample_decode(inputs: Array,
                             speed_loop.PipelineStepFn] = None,
                         num_stages: Optional[int] = None,
                         initial_carry: Optional[Array] = None,
-                        max_speculative_rows: Any = 'auto'
-                        ) -> Tuple[Array, Array]:
+                        max_speculative_rows: Any = 'auto',
+                        require_pipeline: bool = False,
+                        record_schedule: bool = False,
+                        token_choice: str = 'auto') -> DecodeResult:
   """SPEED sampling: `sample_decode`'s output from SPEED's pipeline.
 
   The pipeline of `decoding.speed_decode`, each stage sampling its token's
@@ -395,16 +406,17 @@ def speed_sample_decode(inputs: Array,
       cache_offset, initial_index, max_decode_steps,
       max_decode_steps_hard_limit, rescale_log_probs: as `sample_decode`.
     tokens_to_logits, pipeline_step_fn, num_stages, initial_carry,
-      max_speculative_rows: as `decoding.speed_decode`
-      (`steps.BoundSteps.decode_fn_kwargs` supplies the first four); rows
-      are batch x num_decodes x R. A batch beyond `max_speculative_rows`
-      samples with `sample_decode`'s loop: the same samples.
+      max_speculative_rows, require_pipeline, record_schedule: as
+      `decoding.speed_decode` (`steps.BoundSteps.decode_fn_kwargs` supplies
+      the first four); rows are batch x num_decodes x R. A batch beyond
+      `max_speculative_rows` samples with `sample_decode`'s loop: the same
+      samples.
+    token_choice: as `sample_decode`'s.
 
   Returns:
-    As `sample_decode`. `decoding.decode` returns them as a
-    `decoding.DecodeResult` with the `SpeedStats`, one row per example
-    summed over its num_decodes samples, and the `SpeedSchedule` when asked
-    to record it, whose rows are the batch * num_decodes decoded rows
+    As `sample_decode`, with the `SpeedStats`, one row per example summed
+    over its num_decodes samples, and the `SpeedSchedule` when asked to
+    record it, whose rows are the batch * num_decodes decoded rows
     (example-major).
 
   Raises:
@@ -413,21 +425,23 @@ def speed_sample_decode(inputs: Array,
   decode_args.check_prng_key('decode_rng', decode_rng)
   max_decode_steps = decode_args.apply_hard_limit(
       max_decode_steps, max_decode_steps_hard_limit)
-  max_rows = backend.resolve_max_speculative_rows(max_speculative_rows)
+  max_rows = cpu.dispatch.max_speculative_rows(max_speculative_rows)
+  decode_args.check_bool('require_pipeline', require_pipeline)
+  decode_args.check_bool('record_schedule', record_schedule)
   stages, initial_carry, checked = speed_loop.check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
       initial_index, max_decode_steps, eos_id, cache_offset,
       fn_name='speed_sample_decode')
   x = _sampler_and_expand('speed_sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
-                          topk, topp, rescale_log_probs)
-  sequences, scores, stats, schedule = speed_loop.speed_or_sequential(
+                          topk, topp, rescale_log_probs, token_choice)
+  out = speed_loop.speed_or_sequential(
       x.inputs, x.cache, pipeline_step_fn, tokens_to_logits, stages,
       x.repeat(initial_carry), x.checked, x.sampler, max_rows,
-      decoding.schedule_requested())
-  sequences, scores = _sorted(sequences, scores, inputs.shape[0],
-                              num_decodes)
-  return decoding.respond(decoding.DecodeResult(
-      sequences=sequences, scores=scores,
-      stats=_per_example(stats, inputs.shape[0], num_decodes),
-      schedule=schedule))
+      record_schedule, require_pipeline, fn_name='speed_sample_decode')
+  sequences, scores, lengths = _sorted(out.sequences, out.scores, out.lengths,
+                                       inputs.shape[0], num_decodes)
+  return DecodeResult(
+      sequences=sequences, scores=scores, lengths=lengths,
+      stats=_per_example(out.stats, inputs.shape[0], num_decodes),
+      schedule=out.schedule, pipelined=out.pipelined)

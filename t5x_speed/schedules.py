@@ -10,6 +10,8 @@ from the restored step instead.
 import os
 import re
 
+__all__ = ['checkpoint_step', 'total_steps']
+
 _CHECKPOINT_DIR = re.compile(r'^checkpoint_(\d+)$')
 
 

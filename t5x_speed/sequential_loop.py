@@ -15,6 +15,9 @@ import jax.numpy as jnp
 from t5x_speed import decode_args
 from t5x_speed import token_rules
 
+__all__ = ['DecodingState', 'GreedyState', 'TokensToLogitsFn',
+           'check_sequential', 'sequential_loop', 'first_tokens', 'write']
+
 Array = jax.Array
 
 

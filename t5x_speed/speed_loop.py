@@ -1,4 +1,4 @@
-"""SPEED's pipelined decode loop, its statistics and its recorded schedule.
+"""SPEED's pipelined decode loop, with its statistics and schedule.
 
 `decoding.speed_decode` runs `speed_or_sequential` with the argmax,
 `sampling.speed_sample_decode` with its position-keyed sampler; the
@@ -10,137 +10,32 @@ Where a step would multiply more rows (batch x R) than
 `max_speculative_rows`, `speed_or_sequential` runs the sequential loop with
 the same token rule instead: its output is the pipeline's, token for token,
 and at that size a full-depth step per token is faster (see
-`backend.resolve_max_speculative_rows`).
+`t5x_speed.cpu.dispatch.max_speculative_rows`); its result says so
+(`pipelined` False), and `require_pipeline` makes it an error instead.
 """
 
-import dataclasses
 import functools
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import flax
 import jax
 from jax import lax
 import jax.numpy as jnp
-import numpy as np
 
 from t5x_speed import decode_args
 from t5x_speed import sequential_loop
 from t5x_speed import token_rules
 from t5x_speed.decode_args import INVALID_STEP_LIMIT
+from t5x_speed.results import SpeedSchedule
+from t5x_speed.results import SpeedStats
+
+__all__ = ['PipelineStepFn', 'SpeedState', 'LoopResult', 'check_pipeline',
+           'pipelined_loop', 'speculates', 'speed_or_sequential']
 
 Array = jax.Array
 # (tokens [B], carry [B, R-1, E], positions [B, R], cache)
 #   -> (logits [B, R, V], hidden [B, R, E], cache)
 PipelineStepFn = Callable[[Array, Array, Array, Any], Tuple[Array, Array, Any]]
-
-
-@flax.struct.dataclass
-class SpeedStats:
-  """Per-example SPEED counters (B examples, R stages).
-
-  Attributes:
-    num_steps: [batch] loop steps taken while the example was live.
-    num_tokens: [batch] tokens committed.
-    occupied_slots: [batch] occupied stages summed over live steps.
-    flushes: [batch, R] restarts triggered by a mismatch at each stage.
-    stage_evaluations: [batch, R] tokens run at each stage, flushed included.
-    stage_flips: [batch, R] of those, predictions that differ from the same
-      token's prediction at the previous stage (always 0 at stage 0).
-    invalid: [batch] 0 for a decoded example, else the `INVALID_*` flags
-      saying why it produced nothing (traced bad inputs; see `decoding`).
-    pipelined: [batch] 1 where SPEED's pipeline decoded the example, 0 where
-      the batch was too large to speculate and the sequential loop did (one
-      full-depth step per token, no exits evaluated: flushes,
-      stage_evaluations and stage_flips are 0).
-  """
-
-  num_steps: Array
-  num_tokens: Array
-  occupied_slots: Array
-  flushes: Array
-  stage_evaluations: Array
-  stage_flips: Array
-  invalid: Array
-  pipelined: Array
-
-  @classmethod
-  def zeros(cls, batch: int, stages: int) -> 'SpeedStats':
-    z = lambda *s: jnp.zeros(s, jnp.int32)
-    return cls(z(batch), z(batch), z(batch), z(batch, stages),
-               z(batch, stages), z(batch, stages), z(batch),
-               jnp.ones((batch,), jnp.int32))
-
-  @classmethod
-  def sequential(cls, produced: Array, stages: int,
-                 invalid: Array) -> 'SpeedStats':
-    """Stats of examples the sequential loop decoded, `produced` [batch]
-    tokens each: one full-depth (all R stages) step per token."""
-    z = jnp.zeros((produced.shape[0], stages), jnp.int32)
-    produced = produced.astype(jnp.int32)
-    return cls(num_steps=produced, num_tokens=produced,
-               occupied_slots=produced * stages, flushes=z,
-               stage_evaluations=z, stage_flips=z, invalid=invalid,
-               pipelined=jnp.zeros_like(produced))
-
-  @classmethod
-  def from_aux(cls, aux_values: Mapping[str, Any],
-               prefix: str = 'speed/') -> Optional['SpeedStats']:
-    """Stats of many examples from aux values as models.py writes them.
-
-    `aux_values['speed/<field>']` holds one value per example (a list, as
-    seqio and T5X's infer pass them, or an array with the examples first).
-    Returns None where the aux holds no SPEED statistics (other decode fns).
-    Aux values written before `pipelined` existed count as pipelined.
-    """
-    if prefix + 'num_steps' not in aux_values:
-      return None
-    values = dict(aux_values)
-    values.setdefault(prefix + 'pipelined',
-                      np.ones(len(values[prefix + 'num_steps']), np.int32))
-    return cls(**{f.name: np.stack([np.asarray(v) for v in
-                                    values[prefix + f.name]])
-                  for f in dataclasses.fields(cls)})
-
-  def summary(self) -> Dict[str, float]:
-    """Batch totals and rates as Python numbers (host side); a stage's flip
-    rate only where some example ran that stage in the pipeline."""
-    s = jax.tree.map(lambda x: np.asarray(x, np.float64).sum(0), self)
-    stages = s.flushes.shape[0]
-    out = {
-        'example_steps': float(s.num_steps),
-        'tokens': float(s.num_tokens),
-        'steps_per_token': float(s.num_steps / max(s.num_tokens, 1)),
-        'occupancy': float(s.occupied_slots / max(s.num_steps * stages, 1)),
-        'flushes': float(s.flushes.sum()),
-        'invalid_examples': float(np.count_nonzero(np.asarray(self.invalid))),
-        'pipelined_examples': float(np.count_nonzero(
-            np.asarray(self.pipelined))),
-    }
-    for r in range(stages):
-      out[f'flushes/stage_{r + 1}'] = float(s.flushes[r])
-      if r and s.stage_evaluations[r]:  # none where no example pipelined
-        out[f'flip_rate/stage_{r + 1}'] = float(
-            s.stage_flips[r] / s.stage_evaluations[r])
-    return out
-
-
-@flax.struct.dataclass
-class SpeedSchedule:
-  """What each loop step ran, for inspection and replay; [steps, batch, R].
-
-  Attributes:
-    positions: position at each stage, -1 for empty stages.
-    tokens: token at each stage (meaningful where positions >= 0).
-    predictions: each stage's exit prediction.
-    flushes: bool, the stage whose mismatch flushed its successors.
-    num_steps: [] loop steps recorded.
-  """
-
-  positions: Array
-  tokens: Array
-  predictions: Array
-  flushes: Array
-  num_steps: Array
 
 
 @flax.struct.dataclass
@@ -373,21 +268,40 @@ def speculates(rows: int, max_speculative_rows: Optional[int],
           tokens_to_logits is None or record_schedule)
 
 
+class LoopResult(NamedTuple):
+  """What `speed_or_sequential` produced, per decoded row.
+
+  Attributes:
+    sequences: [rows, length + 1] with BOS first.
+    scores: [rows], as `pipelined_loop`'s.
+    lengths: [rows] tokens produced after the prompt.
+    stats: the `SpeedStats`.
+    schedule: the `SpeedSchedule`, or None.
+    pipelined: whether the pipeline ran (static).
+  """
+  sequences: Array
+  scores: Array
+  lengths: Array
+  stats: SpeedStats
+  schedule: Optional[SpeedSchedule]
+  pipelined: bool
+
+
 def speed_or_sequential(
     inputs: Array, cache: Any, pipeline_step_fn: PipelineStepFn,
     tokens_to_logits: Optional[sequential_loop.TokensToLogitsFn],
     stages: int, initial_carry: Array, checked: decode_args.Checked,
     rule: token_rules.TokenRule, max_speculative_rows: Optional[int],
-    record_schedule: bool = False
-) -> Tuple[Array, Array, SpeedStats, Optional[SpeedSchedule]]:
+    record_schedule: bool = False, require_pipeline: bool = False,
+    fn_name: str = 'speed_decode') -> LoopResult:
   """SPEED's pipeline, or the sequential loop where `speculates` says no.
 
   Both choose every token by `rule` from the final exit's logits, so the
   sequences are the same either way.
 
-  Returns:
-    (sequences [batch, length + 1] with BOS first, scores [batch] as
-    `pipelined_loop`'s, the `SpeedStats`, the `SpeedSchedule` or None).
+  Raises:
+    ValueError: naming `max_speculative_rows`, where the pipeline would not
+      run and `require_pipeline` is set.
   """
   rows = inputs.shape[0] * stages
   if speculates(rows, max_speculative_rows, tokens_to_logits,
@@ -395,10 +309,19 @@ def speed_or_sequential(
     final, stats, scores = pipelined_loop(
         inputs, cache, pipeline_step_fn, stages, initial_carry, checked, rule,
         record_schedule)
-    return final.sequences, scores, stats, final.schedule
+    return LoopResult(final.sequences, scores, stats.num_tokens, stats,
+                      final.schedule, True)
+  if require_pipeline:
+    raise ValueError(
+        f'{fn_name}: a step of this batch would take {rows} rows (batch x R), '
+        f'more than max_speculative_rows={max_speculative_rows}, so it would '
+        "decode with the full-depth step (greedy's, the same tokens), but "
+        'require_pipeline is set: decode fewer examples at once, raise '
+        'max_speculative_rows, or set it to None to always run the pipeline.')
   final, scores = sequential_loop.sequential_loop(
       inputs, cache, tokens_to_logits, checked, rule)
   produced = final.cur_index - checked.initial_index  # 0 where done
-  return (final.sequences, scores,
-          SpeedStats.sequential(produced, stages,
-                                _invalid_flags(checked, final.ended)), None)
+  stats = SpeedStats.sequential(produced, stages,
+                                _invalid_flags(checked, final.ended))
+  return LoopResult(final.sequences, scores, stats.num_tokens, stats, None,
+                    False)

@@ -57,11 +57,17 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import jax
 import jax.numpy as jnp
 
+from t5x_speed import cpu
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import encoder_decoder
 from t5x_speed import layers
 from t5x_speed import network
+
+__all__ = ['BoundSteps', 'to_t5x_cache', 'from_t5x_cache',
+           't5x_tokens_to_logits', 'with_cache_sharding', 'prefix_attention',
+           'check_encoder_inputs', 'check_causal_attention', 'uses_pipeline',
+           'takes_kv_cache', 'CACHE_OFFSET', 'CACHE_AXES']
 
 Array = jax.Array
 # (tokens [B], positions [B], cache) -> (logits [B, vocab], cache)
@@ -186,6 +192,22 @@ def check_encoder_inputs(config: network.TransformerConfig,
         f'{"None" if encoder_input_tokens is None else "given"}.')
 
 
+def check_causal_attention(config: network.TransformerConfig,
+                           causal_attention: Any,
+                           name: str = 'causal_attention') -> None:
+  """Raises ValueError, naming `name`, where a prefix-LM region (prompts
+  attending bidirectionally) is asked of an encoder-decoder model, whose
+  decoder attends causally (T5's); every decode starts through here
+  (`BoundSteps.prefill`, `inference.prepare`, `inference.generate`)."""
+  if config.is_encoder_decoder and causal_attention is not None and (
+      causal_attention is not False):
+    raise ValueError(
+        f'{name}: a prefix-LM region (bidirectional attention over the '
+        'prompt) is for decoder-only models; an encoder-decoder model\'s '
+        'decoder attends causally, and its inputs go to the encoder '
+        '(encoder_input_tokens).')
+
+
 def uses_pipeline(decode_fn: Callable[..., Any]) -> bool:
   """Whether `decode_fn` declares that it takes SPEED's pipelined step."""
   spec = decoding.decode_fn_spec(decode_fn)
@@ -220,6 +242,9 @@ class BoundSteps:
     speculative_vocab_size: None, or an integer >= 1: SPEED's speculative
       exits score only this many first token ids (see
       `network.Decoder.speed_step`).
+    numerics: how the decode steps compute (`t5x_speed.cpu.DecodeNumerics`);
+      None (the default) resolves the module's config once, at
+      construction (`network.step_numerics`), and keeps the result here.
 
   Example (greedy and SPEED from the same prefill):
     >>> import jax, jax.numpy as jnp
@@ -252,9 +277,16 @@ class BoundSteps:
                 encoder_decoder.SpeedEncoderDecoder]
   params: Any
   speculative_vocab_size: Optional[int] = None
+  numerics: Optional[cpu.DecodeNumerics] = None
 
   def __post_init__(self):
     decode_args.check_speculative_vocab_size(self.speculative_vocab_size)
+    if self.numerics is None:
+      object.__setattr__(self, 'numerics',
+                         network.step_numerics(self.module.config))
+    elif not isinstance(self.numerics, cpu.DecodeNumerics):
+      raise ValueError('numerics must be a t5x_speed.cpu.DecodeNumerics or '
+                       f'None, got {self.numerics!r}.')
 
   @property
   def config(self) -> network.TransformerConfig:
@@ -275,9 +307,11 @@ class BoundSteps:
     `cache_length` (>= L) sizes the cache, so `inputs` need only span the
     prompts. `encoder_input_tokens` [batch, enc_len]: an encoder-decoder
     model's inputs (0: padding), encoded here once; the cache then holds
-    what the decoder attends to in them.
+    what the decoder attends to in them (such a model takes no
+    `causal_attention`: its decoder attends causally).
     """
     check_encoder_inputs(self.config, encoder_input_tokens)
+    check_causal_attention(self.config, causal_attention)
     kwargs = ({} if encoder_input_tokens is None else
               dict(encoder_input_tokens=encoder_input_tokens))
     return self._apply(inputs, initial_index, causal_attention, cache_length,
@@ -287,7 +321,8 @@ class BoundSteps:
                   cache: network.KVCache) -> Tuple[Array, network.KVCache]:
     """Full depth: (tokens [B], positions [B], cache) -> (logits [B, V],
     cache)."""
-    return self._apply(tokens, positions, cache, method='decode_step')
+    return self._apply(tokens, positions, cache, self.numerics,
+                       method='decode_step')
 
   def tokens_to_logits(self, state) -> Tuple[Array, network.KVCache]:
     """`decode_step` at each example's `cur_index` (our decode fns)."""
@@ -296,9 +331,10 @@ class BoundSteps:
 
   def pipeline_step(self, tokens: Array, carry: Array, positions: Array,
                     cache: network.KVCache):
-    """SPEED's step (`decoding.PipelineStepFn`), see `Decoder.speed_step`."""
+    """SPEED's step (`speed_loop.PipelineStepFn`), see `Decoder.speed_step`."""
     return self._apply(tokens, carry, positions, cache,
-                       self.speculative_vocab_size, method='speed_step')
+                       self.speculative_vocab_size, self.numerics,
+                       method='speed_step')
 
   def initial_carry(self, batch: int) -> Array:
     """Hidden states entering stages 1..R-1 of an empty pipeline:

@@ -1,18 +1,23 @@
 """How a decode loop picks each next token: the `TokenRule` protocol, argmax.
 
-Greedy decoding picks the most likely token (`ARGMAX`); `sampling`'s
+Greedy decoding picks the most likely token (`Argmax`); `sampling`'s
 `PositionKeyedSampler` is the other rule. Both loops (`sequential_loop`,
 `speed_loop`) take a rule, so that greedy and sampled decoding share them.
+Each rule carries its decode fn's `token_choice` ('auto', 'kernel', 'xla';
+`t5x_speed.cpu.dispatch.token_kernel` resolves it): the CPU kernel's one
+call per loop step, or XLA's passes over the vocabulary.
 """
 
 from typing import Protocol, Tuple
 
+import flax
 import jax
 from jax import lax
 import jax.numpy as jnp
 
-from t5x_speed import backend
-from t5x_speed import rowsample
+from t5x_speed import cpu
+
+__all__ = ['TokenRule', 'Argmax', 'argmax', 'token_log_prob']
 
 Array = jax.Array
 
@@ -56,23 +61,29 @@ def token_log_prob(logits: Array, tokens: Array) -> Array:
   return jnp.take_along_axis(log_probs, tokens[:, None], -1)[:, 0]
 
 
-class _Argmax:
+@flax.struct.dataclass
+class Argmax:
   """Greedy: the most likely token, scored by its log-probability.
 
-  On CPU with the kernel built (`backend.sampler_kernel_runs`), one
-  `rowsample.pick` call at temperature 0 finds the argmax and the score
-  (the same first maximum; the log-softmax within float rounding of XLA's)
-  instead of XLA's passes over every slot's logits.
+  Where `token_choice` resolves to the kernel, one `cpu.sample.pick` call at
+  temperature 0 finds the argmax and the score (the same first maximum; the
+  log-softmax within float rounding of XLA's) instead of XLA's passes over
+  every slot's logits.
+
+  Attributes:
+    token_choice: 'auto', 'kernel' or 'xla' (`cpu.dispatch.token_kernel`).
   """
 
+  token_choice: str = flax.struct.field(pytree_node=False, default='auto')
+
+  def __post_init__(self):
+    cpu.dispatch.check_token_choice(self.token_choice)
+
   def pick(self, logits: Array, positions: Array) -> Tuple[Array, Array]:
-    if not backend.sampler_kernel_runs(logits.dtype):
+    if not cpu.dispatch.token_kernel(self.token_choice, logits.dtype):
       tokens = argmax(logits)
       return tokens, token_log_prob(logits[:, -1], tokens[:, -1])
     rows = logits.shape[0]
     zeros = jnp.zeros((rows,), jnp.float32)
-    return rowsample.pick(logits, jnp.zeros((rows, 2), jnp.uint32), positions,
-                          zeros, zeros, topk=0, rescale=False)
-
-
-ARGMAX = _Argmax()
+    return cpu.sample.pick(logits, jnp.zeros((rows, 2), jnp.uint32),
+                           positions, zeros, zeros, topk=0, rescale=False)

@@ -3,7 +3,6 @@
 import doctest
 import functools
 import re
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -11,10 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
+import t5x_speed
 from t5x_speed import decoding
 from t5x_speed import inference
+from t5x_speed import results
 from t5x_speed import steps
+from t5x_speed import token_rules
+from t5x_speed.cpu import build
+from t5x_speed.cpu import dispatch
 from helpers import tiny_model
 
 VOCAB = 13
@@ -156,7 +159,7 @@ class DecodeResultTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'record_schedule'):
       decoding.decode(t5x_like, record_schedule=True)
 
-  def test_declarations_resolve_through_partials_and_wrappers(self):
+  def test_declarations_are_attributes_of_the_fn(self):
     speed = decoding.DecodeFnSpec(pipelined=True, kv_cache=True)
     greedy = decoding.DecodeFnSpec(pipelined=False, kv_cache=True)
 
@@ -164,21 +167,39 @@ class DecodeResultTest(absltest.TestCase):
     def wrapper(*args, **kwargs):   # as gin's configurable wraps it
       return decoding.speed_decode(*args, **kwargs)
 
-    del wrapper.decode_fn_spec      # found through __wrapped__ instead
     for fn, spec in (
         (decoding.speed_decode, speed), (decoding.greedy_decode, greedy),
+        (wrapper, speed),             # functools.wraps copies the attribute
         (functools.partial(decoding.speed_decode, max_decode_steps=2), speed),
         (jax.tree_util.Partial(decoding.greedy_decode, eos_id=1), greedy),
         (functools.partial(functools.partial(wrapper, eos_id=1)), speed)):
       self.assertEqual(decoding.decode_fn_spec(fn), spec, fn)
-    # Arguments bound in a partial apply, and the result comes whole.
+    # Nothing is looked for beyond the fn itself: a wrapper that does not
+    # carry the declaration declares nothing.
+    bare = lambda **kwargs: decoding.speed_decode(**kwargs)
+    bare.__wrapped__ = decoding.speed_decode
+    self.assertIsNone(decoding.decode_fn_spec(bare))
+    # Arguments bound in a partial apply, and the result is its value.
     result = decoding.decode(
         functools.partial(wrapper, max_decode_steps=2), record_schedule=True,
         **self.kwargs, **self.pipeline)
     np.testing.assert_array_equal(result.sequences[0, 0],
                                   [5, 6, 0, 0, 0, 0, 0, 0])
     self.assertEqual(int(result.stats.num_tokens[0]), 2)
+    self.assertEqual(result.lengths.tolist(), [[2]])
     self.assertGreater(int(result.schedule.num_steps), 2)
+
+  def test_result_unpacks_as_t5x_decode_fns_return(self):
+    result = decoding.speed_decode(**self.kwargs, **self.pipeline)
+    decodes, scores = result   # T5X's contract
+    self.assertIs(decodes, result.sequences)
+    self.assertIs(scores, result.scores)
+    greedy = decoding.greedy_decode(**self.kwargs)
+    np.testing.assert_array_equal(greedy.sequences, decodes)
+    self.assertEqual(greedy.lengths.tolist(), result.lengths.tolist())
+    self.assertIsNone(greedy.stats)
+    self.assertIsNone(greedy.pipelined)
+    self.assertTrue(result.pipelined)
 
 
 class GenerateDocstringTest(absltest.TestCase):
@@ -189,18 +210,19 @@ class GenerateDocstringTest(absltest.TestCase):
     self.assertEqual(result.failed, 0)
 
   def test_decoding_docstring_examples(self):
-    result = doctest.testmod(decoding)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    for module in (decoding, results, t5x_speed, build):
+      result = doctest.testmod(module)
+      self.assertGreater(result.attempted, 0, module)
+      self.assertEqual(result.failed, 0, module)
 
 
 class ArgmaxTest(parameterized.TestCase):
 
   def test_docstring_example(self):
     runner = doctest.DocTestRunner()
-    for test in doctest.DocTestFinder().find(decoding.argmax, 'argmax',
+    for test in doctest.DocTestFinder().find(token_rules.argmax, 'argmax',
                                              globs={'jnp': jnp,
-                                                    'argmax': decoding.argmax}):
+                                                    'argmax': token_rules.argmax}):
       runner.run(test)
     self.assertGreater(runner.tries, 0)
     self.assertEqual(runner.failures, 0)
@@ -209,7 +231,7 @@ class ArgmaxTest(parameterized.TestCase):
   def test_picks_what_jnp_argmax_picks(self, dtype):
     # Few distinct values, so ties are everywhere; NaN, +inf and all -inf
     # rows, as NaN-producing bugs and masked exits give.
-    fast = jax.jit(decoding.argmax)
+    fast = jax.jit(token_rules.argmax)
     reference = jax.jit(lambda x: jnp.argmax(x, -1))
     for trial in range(60):
       rng = np.random.RandomState(trial)
@@ -299,9 +321,12 @@ class LargeBatchTest(absltest.TestCase):
 
   def test_default_on_cpu_decodes_sequentially(self):
     self.assertEqual(jax.default_backend(), 'cpu')
-    self.assertLess(backend.CPU_MAX_SPECULATIVE_ROWS, 15)
-    stats = self._speed().stats
+    self.assertLess(dispatch.CPU_MAX_SPECULATIVE_ROWS, 15)
+    result = self._speed()
+    self.assertIs(result.pipelined, False)
+    stats = result.stats
     produced = [5, 2, 3, 5, 4]
+    self.assertEqual(result.lengths[:, 0].tolist(), produced)
     self.assertEqual(stats.pipelined.tolist(), [0] * 5)
     self.assertEqual(stats.num_tokens.tolist(), produced)
     self.assertEqual(stats.num_steps.tolist(), produced)
@@ -315,8 +340,11 @@ class LargeBatchTest(absltest.TestCase):
 
   def test_limits_and_the_schedule_choose_the_pipeline(self):
     for rows, pipelined in ((None, 1), (15, 1), (14, 0), ('auto', 0)):
-      stats = self._speed(max_speculative_rows=rows).stats
+      result = self._speed(max_speculative_rows=rows)
+      stats = result.stats
+      self.assertEqual(result.pipelined, bool(pipelined), rows)
       self.assertEqual(stats.pipelined.tolist(), [pipelined] * 5, rows)
+      self.assertEqual(result.lengths[:, 0].tolist(), [5, 2, 3, 5, 4])
       # Example 0 flushes once at stage 2 in the pipeline (TABLE).
       self.assertEqual(int(stats.flushes[0].sum()), pipelined, rows)
     result = self._speed(record_schedule=True)
@@ -332,14 +360,18 @@ class LargeBatchTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, 'max_speculative_rows'):
         decoding.speed_decode(**self.kwargs, **self.pipeline,
                               max_speculative_rows=bad)
+    for name in ('require_pipeline', 'record_schedule'):
+      with self.assertRaisesRegex(ValueError, name):
+        decoding.speed_decode(**self.kwargs, **self.pipeline, **{name: 1})
 
-  def test_backend_limits(self):
-    self.assertEqual(backend.resolve_max_speculative_rows('auto'),
-                     backend.CPU_MAX_SPECULATIVE_ROWS)
-    self.assertIsNone(backend.resolve_max_speculative_rows(None))
-    self.assertEqual(backend.resolve_max_speculative_rows(5), 5)
-    with mock.patch.object(jax, 'default_backend', return_value='gpu'):
-      self.assertIsNone(backend.resolve_max_speculative_rows('auto'))
+  def test_required_pipeline_refuses_instead_of_falling_back(self):
+    for rows in ('auto', 14):
+      with self.assertRaisesRegex(ValueError,
+                                  'max_speculative_rows.*require_pipeline'):
+        self._speed(max_speculative_rows=rows, require_pipeline=True)
+    # Where the pipeline runs anyway, the flag changes nothing.
+    result = self._speed(max_speculative_rows=15, require_pipeline=True)
+    self.assertTrue(result.pipelined)
 
 
 class BadInputTest(parameterized.TestCase):

@@ -27,7 +27,8 @@ import t5x_helpers as th
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN = REPO / 't5x_speed' / 'gin'
-MODEL_FILES = sorted((GIN / 'models').glob('*.gin'))
+MODEL_FILES = sorted(f for f in (GIN / 'models').glob('*/*.gin')
+                     if f.name != '__init__.gin')
 RUN_FILES = sorted((GIN / 'runs').glob('*.gin'))
 DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))
 # Decoding files that give greedy's tokens; the others (beam search, sampling)
@@ -104,19 +105,20 @@ class GinConfigTest(parameterized.TestCase):
       for path in re.findall(r'--gin_file=(\S+)', '\n'.join(header)):
         self.assertTrue((REPO / path).is_file(), (f, path))
 
-  @parameterized.parameters(*[f.name for f in MODEL_FILES if f.name not in (
-      'decoder_only.gin', 'encoder_decoder.gin')])
+  @parameterized.parameters(*[f'{f.parent.name}/{f.name}'
+                              for f in MODEL_FILES])
   def test_model_file_builds_and_runs(self, name):
-    run = 'finetune_wmt_ende.gin' if 'speed' in name else 'pretrain_c4.gin'
+    run = 'pretrain_c4.gin' if 'base' in name else 'finetune_wmt_ende.gin'
     self._parse(GIN / 'models' / name, GIN / 'runs' / run)
     model = self._model()
-    size = name[:-len('.gin')].split('_')[-1]        # '4x3' or '12l'
+    size = name[:-len('.gin')].split('_')[-1]        # '4x3', '12l' or 'base'
+    size = {'base': '12l'}.get(size, size)
     g, r = (int(x) for x in size.replace('l', 'x1').split('x'))
     self.assertEqual((model.config.num_unique_layers,
                       model.config.num_repeats), (g, r))
     self.assertEqual(model.config.emb_dim, 16)
     self.assertEqual(steps.uses_pipeline(model.decode_fn), r > 1)
-    encoder_decoder = name.startswith(('t5_', 'speed_t5_'))
+    encoder_decoder = name.startswith('encoder_decoder/')
     self.assertEqual(model.config.is_encoder_decoder, encoder_decoder)
     self.assertIsInstance(model, models.SpeedEncoderDecoderModel
                           if encoder_decoder else models.SpeedDecoderOnlyModel)
@@ -147,7 +149,7 @@ class GinConfigTest(parameterized.TestCase):
         feature_converter_cls=model.FEATURE_CONVERTER_CLS)
 
   def test_demo_run_file_trains_on_the_generated_task(self):
-    self._parse(GIN / 'models' / 'speed_demo_2x3.gin',
+    self._parse(GIN / 'models' / 'decoder_only' / 'demo_2x3.gin',
                 GIN / 'runs' / 'demo_numbers.gin', tiny=False)
     model = self._model()
     self.assertEqual((model.config.emb_dim, model.config.vocab_size),
@@ -166,7 +168,7 @@ class GinConfigTest(parameterized.TestCase):
   @parameterized.parameters(*[f.name for f in RUN_FILES
                               if f.name.startswith(('pretrain', 'finetune_'))])
   def test_paper_training_run(self, name):
-    self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,
+    self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin', GIN / 'runs' / name,
                 bindings=["INITIAL_CHECKPOINT_PATH = "
                           "'/ckpt/pretrained/checkpoint_524288'"])
     model = self._model()
@@ -216,7 +218,7 @@ class GinConfigTest(parameterized.TestCase):
     finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune_')]
     self.assertLen(finetune_files, 5)
     for run_file in finetune_files:
-      self._parse(GIN / 'models' / 'speed_t5_base_4x3.gin', run_file,
+      self._parse(GIN / 'models' / 'encoder_decoder' / 'speed_4x3.gin', run_file,
                   bindings=["INITIAL_CHECKPOINT_PATH = "
                             "'/ckpt/t5_1_1_base/checkpoint_1000000'"])
       model = self._model()
@@ -241,7 +243,7 @@ class GinConfigTest(parameterized.TestCase):
                              (['EXIT_AGREEMENT = 1.0',
                                "EXIT_AGREEMENT_TARGET = 'argmax'"],
                               (1.0, 'argmax'))):
-        self._parse(GIN / 'models' / 'speed_base_4x3.gin', run_file,
+        self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin', run_file,
                     bindings=bindings + [
                         "MIXTURE_OR_TASK_NAME = 'speed_wmt_ende'"])
         model = self._model()
@@ -251,7 +253,7 @@ class GinConfigTest(parameterized.TestCase):
 
   def test_eval_and_infer_run_files(self):
     for name in ('eval.gin', 'infer.gin'):
-      self._parse(GIN / 'models' / 'speed_base_4x3.gin', GIN / 'runs' / name,
+      self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin', GIN / 'runs' / name,
                   bindings=[TASK])
       self.assertEqual(self._model().config.dropout_rate, 0.0)
       script = ('eval_script.evaluate' if name == 'eval.gin' else
@@ -264,13 +266,13 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(self._built('infer_script.infer.mode'),
                      'predict_with_aux')
 
-  @parameterized.parameters('speed_base_2x6.gin', 'speed_t5_base_2x6.gin')
-  def test_architecture_defaults_are_t5_base_bf16(self, name):
+  @parameterized.parameters('decoder_only', 'encoder_decoder')
+  def test_architecture_defaults_are_t5_base_bf16(self, family):
     gin.clear_config()
     gin.add_config_file_search_path(os.path.dirname(os.path.dirname(
         t5x.__file__)))
     gin.parse_config_files_and_bindings(
-        [str(GIN / 'models' / name)], ['DROPOUT_RATE = 0.1'],
+        [str(GIN / 'models' / family / 'speed_2x6.gin')], ['DROPOUT_RATE = 0.1'],
         finalize_config=True)
     model = self._model()
     cfg = model.config
@@ -280,7 +282,7 @@ class GinConfigTest(parameterized.TestCase):
         (32128, 768, 12, 64, 2048, 2, 6, 'bfloat16'))
     # T5 1.1 Base's encoder-decoder: 12 unshared encoder layers and the
     # separate classifier; the decoder-only Base ties it.
-    t5 = name.startswith('speed_t5')
+    t5 = family == 'encoder_decoder'
     self.assertEqual((cfg.num_encoder_layers, cfg.num_encoder_repeats,
                       cfg.logits_via_embedding),
                      (12, 1, False) if t5 else (0, 1, True))
@@ -308,7 +310,7 @@ class GinConfigTest(parameterized.TestCase):
     params = None
     for name, flag in choices.items():
       extra = [GIN / 'decoding' / name] if name.endswith('.gin') else []
-      self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+      self._parse(GIN / 'models' / 'decoder_only' / 'speed_2x6.gin',
                   GIN / 'runs' / 'infer.gin', *extra,
                   bindings=flag + [TASK])
       model = self._model()
@@ -331,7 +333,7 @@ class GinConfigTest(parameterized.TestCase):
         'greedy': (None, ['DECODING_FN = @decoding.greedy_decode']),
         'beam_search': ('beam_search.gin', [])}
     for name, (extra, bindings) in choices.items():
-      self._parse(GIN / 'models' / 'speed_t5_base_2x6.gin',
+      self._parse(GIN / 'models' / 'encoder_decoder' / 'speed_2x6.gin',
                   GIN / 'runs' / 'infer.gin',
                   *([GIN / 'decoding' / extra] if extra else []),
                   bindings=bindings + [TASK])
@@ -347,7 +349,7 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(results['beam_search'].shape, (3, 4, 12))
 
   def test_flags_select_beam_search_and_every_exit_scores(self):
-    self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+    self._parse(GIN / 'models' / 'decoder_only' / 'speed_2x6.gin',
                 GIN / 'runs' / 'infer.gin',
                 bindings=['DECODING_FN = @t5x.decoding.beam_search',
                           'SCORE_ALL_EXITS = True', TASK])
@@ -360,7 +362,7 @@ class GinConfigTest(parameterized.TestCase):
   @parameterized.parameters(*MULTI_DECODING_FILES)
   def test_beam_search_and_sampling_files(self, name):
     batch = th.prefix_lm_batch(seed=3, batch=3, length=12)
-    self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+    self._parse(GIN / 'models' / 'decoder_only' / 'speed_2x6.gin',
                 GIN / 'runs' / 'infer.gin', GIN / 'decoding' / name,
                 bindings=[TASK])
     model = self._model()
@@ -383,7 +385,7 @@ class GinConfigTest(parameterized.TestCase):
                 'sampling.speed_sample_decode.max_speculative_rows = None']
     decodes = {}
     for flag in ([], ['DECODING_FN = @sampling.sample_decode']):
-      self._parse(GIN / 'models' / 'speed_base_2x6.gin',
+      self._parse(GIN / 'models' / 'decoder_only' / 'speed_2x6.gin',
                   GIN / 'runs' / 'infer.gin',
                   GIN / 'decoding' / 'speed_sample.gin',
                   bindings=settings + flag)

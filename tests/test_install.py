@@ -87,7 +87,7 @@ class InstalledPackageTest(absltest.TestCase):
         'assert importlib.util.find_spec("tools") is None\n'
         'print(t5x_speed.__file__)\n'
         'print(resource_reader._parse_config_path(\n'
-        '    "t5x_speed/gin/models/decoder_only.gin"))\n'
+        '    "t5x_speed/gin/models/decoder_only/__init__.gin"))\n'
         'import seqio\n'
         'print(len(seqio.TaskRegistry.names()))\n')
     module_file, gin_file, tasks = out.split()
@@ -95,7 +95,7 @@ class InstalledPackageTest(absltest.TestCase):
     # gin resolves `t5x_speed/gin/...` through the installed package, from
     # any working directory and with no search path.
     self.assertEqual(gin_file, os.path.join(
-        self.package.site_dir, 't5x_speed/gin/models/decoder_only.gin'))
+        self.package.site_dir, 't5x_speed/gin/models/decoder_only/__init__.gin'))
     self.assertTrue(os.path.isfile(gin_file))
     self.assertGreater(int(tasks), 5)  # `t5x_speed.tasks` registered its tasks
 

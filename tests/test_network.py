@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
 from t5x_speed import config as config_lib
 from t5x_speed import layers
 from t5x_speed import network
-from t5x_speed import rowmatmul
+from t5x_speed.cpu import build
+from t5x_speed.cpu.dispatch import DecodeNumerics
 from helpers import random_tokens, tiny_config, tiny_model
 
 ORDERS = ('cycle', 'sequence', 'cycle_rev')
@@ -347,11 +347,11 @@ class CacheAndEmbeddingTest(parameterized.TestCase):
     # dynamic-update-slice that XLA:CPU copies the cache around. The
     # kernel's path: the call's updated caches must reuse the loop's
     # buffers.
-    if kernel and not rowmatmul.available():
+    if kernel and not build.available():
       self.skipTest('kernel not built (no C++ compiler)')
     caches = (jnp.zeros((stages, 1, 2, 9, 20)), jnp.ones((stages, 1, 2, 9, 20)))
     query = jnp.ones((1, stages, 2, 20))
-    numerics = backend.DecodeNumerics(matmul='kernel' if kernel else 'xla')
+    numerics = DecodeNumerics(kernel=kernel)
 
     def loop(caches):
       def body(i, carry):
@@ -359,10 +359,9 @@ class CacheAndEmbeddingTest(parameterized.TestCase):
         positions = jnp.full((1, stages), i)
         context, keys, values = layers.cached_attention(
             query, keys, values, jnp.zeros((1, stages, 2, 9)), query, query,
-            positions, tuple(range(stages)))
+            positions, tuple(range(stages)), numerics)
         return (keys, values), total + context.sum()
-      with backend.decode_step(numerics):
-        return jax.lax.fori_loop(0, 5, body, (caches, 0.0))
+      return jax.lax.fori_loop(0, 5, body, (caches, 0.0))
 
     hlo = jax.jit(loop).lower(caches).compile().as_text()
     self.assertEqual(hlo.count('t5x_speed_cached_attention'), int(kernel))

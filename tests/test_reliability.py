@@ -97,7 +97,7 @@ class TerminationTest(parameterized.TestCase):
                          text=True, timeout=300, check=True).stdout
     self.assertEqual(out.split(), ['[[[0,'] + ['0,'] * (L - 2) + ['0]]]',
                                    'nan',
-                                   str(decoding.INVALID_INITIAL_INDEX)])
+                                   str(decode_args.INVALID_INITIAL_INDEX)])
 
   @parameterized.product(method=['greedy', 'speed'], index=[-5, -1, L, L + 3])
   def test_traced_initial_index_outside_range(self, method, index):
@@ -179,7 +179,7 @@ class TokenIdTest(parameterized.TestCase):
     inputs = jnp.zeros((3, L), jnp.int32).at[1, 1].set(-2)
     stats = f(inputs, jnp.array([L, 1, 1]))
     np.testing.assert_array_equal(stats.invalid, [
-        decoding.INVALID_INITIAL_INDEX, decoding.INVALID_TOKEN_ID, 0])
+        decode_args.INVALID_INITIAL_INDEX, decode_args.INVALID_TOKEN_ID, 0])
     self.assertEqual(stats.summary()['invalid_examples'], 2.0)
 
   @parameterized.product(method=['greedy', 'speed'], arg=[
@@ -217,11 +217,11 @@ class TokenIdTest(parameterized.TestCase):
 
   def test_check_token_range_skips_padding(self):
     inputs = np.array([[3, 4, 99], [3, 99, 99]])
-    decoding.check_token_range(inputs, 61, lengths=np.array([2, 1]))
+    decode_args.check_token_range(inputs, 61, lengths=np.array([2, 1]))
     with self.assertRaisesRegex(ValueError, r'token id 99 at \[0, 2\]'):
-      decoding.check_token_range(inputs, 61, lengths=np.array([3, 1]))
+      decode_args.check_token_range(inputs, 61, lengths=np.array([3, 1]))
     with self.assertRaisesRegex(ValueError, r'\(and 2 more\)'):
-      decoding.check_token_range(inputs, 61)
+      decode_args.check_token_range(inputs, 61)
 
 
 class ArgumentTest(parameterized.TestCase):

@@ -121,9 +121,7 @@ def _instrumented(step, prefilled, lengths, flip):
 
 
 def _generation(result, lengths, max_steps):
-  return inference.Generation(
-      inference.produced_tokens(result.sequences, lengths, max_steps),
-      result.scores[:, 0], result.stats)
+  return inference.Generation.from_result(result, lengths, max_steps)
 
 
 def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
@@ -143,7 +141,7 @@ def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
       if 'pipeline_step_fn' in kwargs:
         kwargs['pipeline_step_fn'] = wrap(kwargs['pipeline_step_fn'])
         # The pipeline at every batch size, not greedy's loop beyond the
-        # backend's limit.
+        # CPU's limit.
         kwargs['max_speculative_rows'] = None
       return _generation(decoding.decode(fn, eos_id=1,
                                          max_decode_steps=row_steps,
@@ -251,7 +249,7 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
 
   # Four configurations here; the CI fuzz slice (test_fuzz.py) adds 200
   # random cases over more prompts and EOS settings, test_sampling.py and
-  # test_rowmatmul.py (bf16) eight more random architectures.
+  # test_cpu_matmul.py (bf16) eight more random architectures.
   @parameterized.parameters(*range(4))
   def test_random_models(self, index):
     name = f'random{index}'
@@ -260,8 +258,11 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
     assert_speed_equals_greedy(self, module, params, prompts, lengths,
                                CASES[name].steps, speed, greedy)
     stats = speed.stats
-    np.testing.assert_array_equal(stats.num_tokens,
-                                  _produced_count(greedy.tokens, 1))
+    produced = _produced_count(greedy.tokens, 1)
+    np.testing.assert_array_equal(stats.num_tokens, produced)
+    # Each result says how many tokens it produced (0 is a token id too).
+    np.testing.assert_array_equal(greedy.lengths, produced)
+    np.testing.assert_array_equal(speed.lengths, produced)
     self.assertTrue(np.all(stats.num_steps >= stats.num_tokens))
     occupancy = stats.occupied_slots / np.maximum(stats.num_steps * r, 1)
     self.assertTrue(np.all((occupancy > 0) & (occupancy <= 1)))

@@ -11,7 +11,7 @@ checkpoint serves every test: T5X's own tiny decoder-only model
 `t5x.train` on a seqio task built here (local text, a SentencePiece model
 trained here). From it:
 
-* `t5x.infer` restores it through t5x_speed/gin/models/t5x_base_12l.gin and
+* `t5x.infer` restores it through t5x_speed/gin/models/decoder_only/t5x_base.gin and
   decodes greedily: the predictions are T5X's model's own (its sampler at
   temperature 0), and our model scores like T5X's;
 * t5x_speed/gin/runs/warm_start_from_t5x.gin starts a 2x3 shared model from
@@ -58,7 +58,7 @@ LAYERS = 3
 # T5X's own gin files, by path: T5X ships them as data, not as packages.
 T5X_GIN = pathlib.Path(t5x.__file__).resolve().parents[1]
 T5X_MODEL = T5X_GIN / 't5x/examples/decoder_only/models/base.gin'
-MODEL = 't5x_speed/gin/models/speed_base_4x3.gin'
+MODEL = 't5x_speed/gin/models/decoder_only/speed_4x3.gin'
 VOCAB = seqio.PassThroughVocabulary(SIZES['vocab_size'], eos_id=1)
 
 
@@ -152,7 +152,7 @@ class StockBinariesTest(absltest.TestCase):
   @classmethod
   def _infer_ours(cls):
     th.run_t5x(
-        cls.server, 'infer', ['t5x_speed/gin/models/t5x_base_12l.gin',
+        cls.server, 'infer', ['t5x_speed/gin/models/decoder_only/t5x_base.gin',
                               't5x_speed/gin/runs/infer.gin'],
         _our_bindings(cls.root, unique_layers=LAYERS, repeats=1) + [
             f"CHECKPOINT_PATH = '{cls.checkpoint}'",

@@ -6,7 +6,7 @@ installed): one checkpoint of T5X's own tiny T5 1.1 encoder-decoder
 (t5x/examples/t5/t5_1_1/base.gin), trained by the stock `t5x.train` on the
 same generated seqio task, serves every test. From it:
 
-* `t5x.infer` restores it through t5x_speed/gin/models/t5_base_12l.gin and
+* `t5x.infer` restores it through t5x_speed/gin/models/encoder_decoder/base_12l.gin and
   decodes greedily: the predictions are T5X's model's own (its sampler at
   temperature 0), and our model scores and decodes like T5X's;
 * t5x_speed/gin/runs/warm_start_from_t5x.gin starts a 2x3 shared decoder
@@ -49,7 +49,7 @@ ENCODER_LAYERS = 2
 DECODER_LAYERS = 3
 T5X_GIN = pathlib.Path(t5x.__file__).resolve().parents[1]
 T5X_MODEL = T5X_GIN / 't5x/examples/t5/t5_1_1/base.gin'
-MODEL = 't5x_speed/gin/models/speed_t5_base_4x3.gin'
+MODEL = 't5x_speed/gin/models/encoder_decoder/speed_4x3.gin'
 VOCAB = seqio.PassThroughVocabulary(SIZES['vocab_size'], eos_id=1)
 # T5X's EncoderDecoderModel decodes with beam search by default; its
 # sampler at temperature 0 is greedy.
@@ -148,7 +148,7 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
   @classmethod
   def _infer_ours(cls):
     th.run_t5x(
-        cls.server, 'infer', ['t5x_speed/gin/models/t5_base_12l.gin',
+        cls.server, 'infer', ['t5x_speed/gin/models/encoder_decoder/base_12l.gin',
                               't5x_speed/gin/runs/infer.gin'],
         _our_bindings(cls.root, unique_layers=DECODER_LAYERS, repeats=1) + [
             f"CHECKPOINT_PATH = '{cls.checkpoint}'",

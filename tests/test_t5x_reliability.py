@@ -47,7 +47,7 @@ class PredictBatchTokenRangeTest(parameterized.TestCase):
     np.testing.assert_allclose(scores[1:], good_aux['scores'][1:], rtol=1e-6)
     if decode_fn is decoding.speed_decode:
       np.testing.assert_array_equal(aux['speed/invalid'],
-                                    [decoding.INVALID_TOKEN_ID, 0, 0])
+                                    [decode_args.INVALID_TOKEN_ID, 0, 0])
 
 
 if __name__ == '__main__':

@@ -207,7 +207,7 @@ class VocabularyTest(TasksTestBase):
 
 @absltest.skipUnless(importlib.util.find_spec('t5x'), 'needs T5X')
 class ModelVocabularyGinTest(TasksTestBase):
-  """gin/models/decoder_only.gin's VOCABULARY follows the tasks' setting."""
+  """gin/models/decoder_only/__init__.gin's VOCABULARY follows the tasks' setting."""
 
   def tearDown(self):
     gin.clear_config()

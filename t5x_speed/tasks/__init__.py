@@ -16,32 +16,18 @@ file itself is read on first use, and an unreadable one raises
 TSV files (e.g. the gettext English-French set of `tools.gettext_data`).
 
 Nothing is downloaded or read on import. `register_tasks` registers them
-again with another vocabulary or data locations.
+again with another vocabulary or data locations. The modules hold the
+rest: `registry` (task names, output features), `sources`, `vocabularies`,
+`preprocessors`, `objectives`, `metrics`, `demo`.
 """
 
-from t5x_speed.tasks.demo import DEMO_SEQUENCE_LENGTH
 from t5x_speed.tasks.demo import DEMO_TASK
-from t5x_speed.tasks.registry import C4_PREFIX_LM
-from t5x_speed.tasks.registry import C4_SPAN_CORRUPTION
-from t5x_speed.tasks.registry import CNN_DAILYMAIL
-from t5x_speed.tasks.registry import DEFAULT_VOCAB_PATH
-from t5x_speed.tasks.registry import default_vocabulary
-from t5x_speed.tasks.registry import FINETUNING_TASKS
 from t5x_speed.tasks.registry import MIXTURES
-from t5x_speed.tasks.registry import output_features
-from t5x_speed.tasks.registry import PARACRAWL_ENDE
-from t5x_speed.tasks.registry import PARACRAWL_PARAGRAPH_ENDE
-from t5x_speed.tasks.registry import PARAGRAPH_DIR_ENV_VAR
 from t5x_speed.tasks.registry import register_tasks
 from t5x_speed.tasks.registry import register_translation_tsv_task
-from t5x_speed.tasks.registry import SEQUENCE_LENGTH
 from t5x_speed.tasks.registry import TASKS
-from t5x_speed.tasks.registry import VOCAB_ENV_VAR
-from t5x_speed.tasks.registry import WIKILINGUA_EN
-from t5x_speed.tasks.registry import WMT_ENDE
-from t5x_speed.tasks.sources import DatasetNotPreparedError
-from t5x_speed.tasks.vocabularies import SentencePieceVocabulary
-from t5x_speed.tasks.vocabularies import vocabulary_path
-from t5x_speed.tasks.vocabularies import VocabularyNotReadableError
+
+__all__ = ['register_tasks', 'register_translation_tsv_task', 'TASKS',
+           'MIXTURES', 'DEMO_TASK']
 
 register_tasks()

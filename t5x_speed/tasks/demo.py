@@ -18,6 +18,9 @@ import tensorflow as tf
 
 from t5x_speed.tasks import metrics
 
+__all__ = ['DEMO_TASK', 'DEMO_SEQUENCE_LENGTH', 'register_demo_task',
+           'number_to_words', 'make_examples', 'exact_match', 'is_held_out']
+
 DEMO_TASK = 'speed_demo_numbers'
 DEMO_SEQUENCE_LENGTH = {'inputs': 24, 'targets': 112}
 MAX_NUMBER = 100_000

@@ -10,7 +10,10 @@ from typing import Any, Callable, Dict, Mapping, Sequence
 
 import sacrebleu
 
-from t5x_speed import decoding
+from t5x_speed import results
+
+__all__ = ['bleu', 'chrf', 'bleu_and_chrf', 'rouge', 'speed_statistics',
+           'with_speed_statistics']
 
 ROUGE_KEYS = ('rouge1', 'rouge2', 'rougeLsum')
 
@@ -151,7 +154,7 @@ def speed_statistics(aux_values: Mapping[str, Any]) -> Dict[str, float]:
   >>> speed_statistics({'scores': [0.0]})
   {}
   """
-  stats = decoding.SpeedStats.from_aux(aux_values)
+  stats = results.SpeedStats.from_aux(aux_values)
   if stats is None:
     return {}
   return {f'speed/{k}': v for k, v in stats.summary().items()}

@@ -13,6 +13,11 @@ from typing import Mapping, Tuple
 import seqio
 import tensorflow as tf
 
+__all__ = ['prefix_lm', 'span_corruption', 'span_corruption_lengths',
+           'split_prefix', 'split_tokens', 'concat_documents',
+           'select_random_chunk', 'random_spans_noise_mask',
+           'replace_spans_with_sentinels']
+
 # At most this many tokens are kept per document (one random aligned chunk)
 # before splitting: bounds the work spent on, and the weight of, a single
 # huge document. T5's value.

@@ -5,6 +5,9 @@ from typing import Mapping
 import seqio
 import tensorflow as tf
 
+__all__ = ['translate', 'summarize', 'translation_prompt', 'LANGUAGE_NAMES',
+           'SUMMARIZE_PROMPT']
+
 LANGUAGE_NAMES = {'en': 'English', 'de': 'German', 'fr': 'French'}
 SUMMARIZE_PROMPT = 'summarize: '
 

@@ -23,6 +23,12 @@ from t5x_speed.tasks import preprocessors
 from t5x_speed.tasks import sources
 from t5x_speed.tasks import vocabularies
 
+__all__ = ['register_tasks', 'register_translation_tsv_task',
+           'default_vocabulary', 'output_features', 'TASKS', 'MIXTURES',
+           'FINETUNING_TASKS', 'SEQUENCE_LENGTH', 'C4_PREFIX_LM',
+           'C4_SPAN_CORRUPTION', 'WMT_ENDE', 'PARACRAWL_ENDE',
+           'PARACRAWL_PARAGRAPH_ENDE', 'CNN_DAILYMAIL', 'WIKILINGUA_EN']
+
 DEFAULT_VOCAB_PATH = vocabularies.DEFAULT_VOCAB_PATH
 VOCAB_ENV_VAR = vocabularies.VOCAB_ENV_VAR
 PARAGRAPH_DIR_ENV_VAR = sources.PARAGRAPH_DIR_ENV_VAR

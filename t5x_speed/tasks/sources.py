@@ -19,6 +19,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import constants as tfds_constants
 
+__all__ = ['PreparedTfdsSource', 'ParagraphPairSource',
+           'DatasetNotPreparedError', 'PARAGRAPH_DIR_ENV_VAR']
+
 PARAGRAPH_DIR_ENV_VAR = 'T5X_SPEED_PARACRAWL_PARAGRAPH_DIR'
 
 # What TFDS raises when a dataset, version or its files are absent from the
