@@ -2,7 +2,6 @@
 and `bench` and `sample_bench` end to end on tiny models."""
 
 import contextlib
-import functools
 import io
 import json
 import os
@@ -13,21 +12,13 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
-import jax
-import jax.numpy as jnp
 
-from t5x_speed import rowattention
-from t5x_speed import rowmatmul
-from t5x_speed import token_rules
 from tools import bench
 from tools import bench_measure
 from tools import bench_report
 from tools import common
-from tools import decode_profile
 from tools import demo_model
-from tools import loop_ops
 from tools import replay
-from tools import rowmatmul_microbench
 from tools import sample_bench
 import helpers
 
@@ -312,86 +303,6 @@ class BenchRunTest(absltest.TestCase):
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn("'speed'", result.stdout)
-
-
-class DecodeProfileTest(absltest.TestCase):
-
-  def test_kernel_calls_by_shape(self):
-    if not rowmatmul.available():
-      self.skipTest('kernel not built (no C++ compiler)')
-    x = jnp.ones((3, 64))
-    cache = jnp.ones((2, 1, 4, 9, 16))
-    hlo = jax.jit(lambda x: (
-        rowmatmul.matmuls(x, [jnp.ones((64, 32))] * 3),
-        rowmatmul.matmul(x, jnp.ones((64, 48), jnp.bfloat16)),
-        rowmatmul.matmul(x, jnp.ones((100, 64)), transpose_w=True, cols=50),
-        rowattention.cached_attention(
-            x.reshape(1, 3, 4, 16), cache, cache, jnp.zeros((1, 3, 4, 9)),
-            x.reshape(1, 3, 4, 16), x.reshape(1, 3, 4, 16),
-            jnp.array([[0, 1, 2]]), stages=(0, 1, 1)),
-        rowmatmul.gather_rows(jnp.ones((100, 64), jnp.bfloat16),
-                              jnp.array([3, 4])),
-        token_rules.ARGMAX.pick(x.reshape(1, 3, 64),
-                                jnp.zeros((1, 3), jnp.int32)),
-    )).lower(x).compile().as_text()
-    self.assertCountEqual(decode_profile._kernel_shapes(hlo).values(), [
-        ('3 x 64 x 32+32+32 f32', 64 * 96 * 4),
-        ('3 x 64 x 48 bf16', 64 * 48 * 2),
-        ('3 x 64 x 50 f32', 64 * 50 * 4),
-        ('attention: 12 rows x 9 keys f32', 0), ('embedding rows', 0),
-        ('token choice: 3 rows x 64 ids f32', 0)])
-
-
-class LoopOpsTest(absltest.TestCase):
-
-  def test_counts_the_loop_body_by_opcode(self):
-    hlo = """HloModule m
-%body (p: (s32[], f32[2])) -> (s32[], f32[2]) {
-  %p = (s32[], f32[2]{0}) parameter(0)
-  %i = s32[] get-tuple-element(%p), index=0
-  %a = (f32[2]{0}, s32[2]{0}) custom-call(%i), custom_call_target="k"
-  %b = f32[2]{0} fusion(%i), kind=kLoop, calls=%f
-  %c = f32[2]{0} copy(%b)
-  %d = f32[2]{0} bitcast(%c)
-  ROOT %t = (s32[], f32[2]{0}) tuple(%i, %d)
-}
-ENTRY %main () -> (s32[], f32[2]) {
-  %init = (s32[], f32[2]{0}) parameter(0)
-  ROOT %w = (s32[], f32[2]{0}) while(%init), condition=%cond, body=%body
-}
-"""
-    self.assertEqual(loop_ops.loop_body_ops(hlo),
-                     {'custom-call': 1, 'fusion': 1, 'copy': 1})
-    with self.assertRaisesRegex(ValueError, 'no while loop'):
-      loop_ops.loop_body_ops('ENTRY %main () -> f32[] {\n}\n')
-
-  def test_demo_shape_kernel_calls_per_step(self):
-    ops = loop_ops.count('2x3', 64)
-    # Per layer: q/k/v, attention, out, MLP inputs, MLP output; per step:
-    # embedding rows, classifier, token choice. Greedy runs 6 layers a step,
-    # SPEED and the 2-layer model 2.
-    calls = (lambda layers: 5 * layers + 3) if rowmatmul.available() else (
-        lambda layers: 0)
-    self.assertEqual(ops['greedy'].get('custom-call', 0), calls(6))
-    self.assertEqual(ops['speed'].get('custom-call', 0), calls(2))
-    self.assertEqual(ops['greedy_g_layers'].get('custom-call', 0), calls(2))
-    self.assertLess(sum(ops['speed'].values()), sum(ops['greedy'].values()))
-
-
-class MicrobenchTest(absltest.TestCase):
-
-  def test_every_weight_of_the_chain_is_multiplied(self):
-    """The bytes the microbench reports are the bytes its program reads:
-    no product of the chain is dead code."""
-    weights = [jax.ShapeDtypeStruct(
-        (rowmatmul_microbench.MLP, rowmatmul_microbench.WIDTH) if i % 3 == 2
-        else (rowmatmul_microbench.WIDTH, rowmatmul_microbench.MLP),
-        jnp.float32) for i in range(24)]
-    x = jax.ShapeDtypeStruct((3, rowmatmul_microbench.WIDTH), jnp.float32)
-    chain = jax.jit(functools.partial(rowmatmul_microbench._chain,  # pylint: disable=protected-access
-                                      force_xla=True))
-    self.assertEqual(chain.lower(x, weights).as_text().count('dot_general'),
-                     24)
 
 
 class ProgressTest(absltest.TestCase):

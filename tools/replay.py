@@ -1,15 +1,14 @@
 """Replaying a trained demo model's SPEED schedule on another model.
 
 Base-width training is out of reach on a CPU, so `tools.bench`,
-`tools.sample_bench`, `tools.demo` and `tools.decode_profile` time wide
-models by *replay*: a small model with R stages, trained on the demo task
-(`demo_schedule_source`), decodes prompts with SPEED while its schedule is
-recorded (`record`, `replay_record`); a wide model of the same R then runs
-the full computation and control logic of every step with each exit's
-argmax forced to the recorded prediction (`replay_decoder`, or
-`replay_prefill` and `replay_decode` to time the two parts apart). The wide
-model thus takes exactly the recorded loop steps and flushes; sequential
-decoding is forced to the same tokens.
+`tools.sample_bench` and `tools.demo` time wide models by *replay*: a small
+model with R stages, trained on the demo task (`demo_schedule_source`),
+decodes prompts with SPEED while its schedule is recorded (`record`,
+`replay_record`); a wide model of the same R then runs the full computation
+and control logic of every step with each exit's argmax forced to the recorded
+prediction (`replay_decoder`, or `replay_prefill` and `replay_decode` to time
+the two parts apart). The wide model thus takes exactly the recorded loop
+steps and flushes; sequential decoding is forced to the same tokens.
 
 Every replay returns a `decoding.DecodeResult` (stats None for the
 sequential methods). Recorded schedules can be saved to a JSON file and
