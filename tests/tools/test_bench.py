@@ -22,7 +22,7 @@ from tools import replay
 from tools import sample_bench
 import helpers
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = str(helpers.REPO)
 META = {'machine': 'test machine, 2 cores', 'jax': '0.0', 'backend': 'cpu',
         'bandwidth_gb_s': 10.0}
 
