@@ -9,12 +9,7 @@ import atexit
 import importlib.util
 import os
 import shutil
-import sys
 import tempfile
-
-# The tools (tools/: bench, demo, fuzz) are not installed with the package;
-# their tests import them from the checkout.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Must precede the first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
@@ -52,7 +47,8 @@ T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
 
 # The slowest modules (T5X binaries in subprocesses, the fuzz slice, the
 # demo), started first so that with pytest-xdist (`make test`) no worker is
-# left running one of them alone at the end.
+# left running one of them alone at the end. Matched by file name, wherever
+# the file sits (test_fuzz.py and test_demo.py are in tests/tools/).
 SLOW_FIRST = ('test_t5x_binaries.py', 'test_t5x_binaries_encoder_decoder.py',
               'test_readme_commands.py', 'test_fuzz.py', 'test_demo.py',
               'test_t5x_model.py', 'test_t5x_encoder_decoder_model.py')

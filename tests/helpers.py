@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import network
-from tools.fuzz_cases import RESIDUAL_OUTPUTS
-from tools.replay import random_params
+from t5x_speed.testing import RESIDUAL_OUTPUTS
+from t5x_speed.testing import random_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

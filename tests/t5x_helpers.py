@@ -28,7 +28,7 @@ from t5x_speed import decoding
 from t5x_speed import encoder_decoder
 from t5x_speed import models
 from t5x_speed import network
-from tools import replay
+from t5x_speed import testing
 import helpers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -133,12 +133,12 @@ def encdec_batch(seed=0, batch=4, inputs_length=10, targets_length=12,
 
 def init_params(model, batch, seed=0):
   """Random parameters of `model` for `batch`'s shapes
-  (`tools.replay.draw_params`)."""
+  (`testing.draw_params`)."""
   shapes = {k: v.shape for k, v in batch.items()}
   types = {k: v.dtype for k, v in batch.items()}
   params = jax.eval_shape(lambda: model.get_initial_variables(
       jax.random.PRNGKey(0), shapes, types))['params']
-  return replay.draw_params(params, seed, model.module.config.head_dim)
+  return testing.draw_params(params, seed, model.module.config.head_dim)
 
 
 # The binaries' server (`BinaryServer`): it imports T5X's libraries once,

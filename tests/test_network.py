@@ -12,6 +12,7 @@ import numpy as np
 from t5x_speed import config as config_lib
 from t5x_speed import layers
 from t5x_speed import network
+from t5x_speed import testing
 from t5x_speed.cpu import build
 from t5x_speed.cpu.dispatch import DecodeNumerics
 from helpers import random_tokens, tiny_config, tiny_model
@@ -96,7 +97,7 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(cfg.head_dim, 16)
 
   def test_docstring_examples(self):
-    for module in (config_lib, network):
+    for module in (config_lib, network, testing):
       result = doctest.testmod(module, extraglobs={'TransformerConfig':
                                                    config_lib.TransformerConfig})
       self.assertGreater(result.attempted, 0)

@@ -16,9 +16,6 @@ Commands:
                         the system's gettext catalogs (never committed).
   paper_table           the paper's comparison in miniature on that set, and
                         exits trained to agree (`make paper-table`).
-  decode_profile        a Base-width decode loop's time, op by op.
-  decode_overhead       the decode loops' own per-step cost.
-  rowmatmul_microbench  the few-row kernel against XLA's dot.
 
 Shared modules:
   common         help layout, progress lines on stderr, timing, host name.

@@ -45,8 +45,7 @@ includes the encoder.
 --records FILE keeps each row group's recorded schedules and prompts: a
 second run replays them without the demo models, seqio or TensorFlow, so a
 recording made on a CPU times another backend (a GPU: JAX's default backend
-runs everything; there XLA's dot is the only path, and the targets, which are
-the CPU's, are not printed).
+runs everything; there XLA's dot is the only path).
 
 Decode-step matmuls use the few-row kernel (`t5x_speed.rowmatmul`) when it
 is built, else XLA's dot (the JSON records which). Each batch's prefill
@@ -175,10 +174,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results.append(res)
     print(bench_report.row_group_line(res), flush=True)
   table = bench_report.markdown(results, meta)
-  goals = bench_report.targets_markdown(bench_report.targets(results, meta))
-  if goals:
-    table += ('\n\nTargets (decoding alone, against the best greedy):\n\n'
-              + goals)
   print('\n' + table)
   with open(os.path.join(args.out, 'bench.json'), 'w') as f:
     json.dump({'meta': meta, 'results': results}, f, indent=1)

@@ -1,6 +1,6 @@
 """The bench's report: the markdown table (bench.md) and the console lines."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -74,75 +74,6 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
                  f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
                  f'{res["replay"]["flushes"]:.0f} flushes; {flips}' +
                  _probes(res.get('bandwidth_probes_gb_s')))
-  return '\n'.join(lines)
-
-
-def _decode_ms(row: Dict[str, Any]) -> float:
-  return row['decode_ms_per_token_per_sequence']
-
-
-def targets(results: List[Dict[str, Any]], meta: Dict[str, Any]
-            ) -> List[Tuple[str, float, str, Optional[bool]]]:
-  """The performance targets this run measures: (target, value, how the
-  value reads, met; None where SPEED ran greedy's program and only noise
-  separates them). Float32 targets from a float32 run, the bfloat16 ones
-  from a bfloat16 run, the paper-flip-rate one from a --replay_steps 150
-  run (its 4x3 batch-1 group); decoding alone, against the best greedy.
-  The targets are the CPU's decoder-only ones: a run on another backend or
-  of encoder-decoder models measures none."""
-  out = []
-  if meta.get('backend', 'cpu') != 'cpu' or meta.get('encoder_layers'):
-    return out
-  dtype = meta.get('dtype', 'float32')
-  paper_flips = meta.get('replay_steps') == 150
-  for res in results:
-    m, cfg, batch = res['methods'], res['config'], res['batch']
-    greedy, speed = bench_measure.best_row(m, 'greedy'), m.get('speed')
-    if greedy is None or speed is None:
-      continue
-    vs = _decode_ms(greedy) / _decode_ms(speed)
-    if cfg == '4x3' and batch == 1 and paper_flips:
-      out.append(('4x3 b1, paper flip rates: SPEED >= 1.45x the best '
-                  'greedy', vs, f'{vs:.2f}x', vs >= 1.45))
-    elif cfg == '4x3' and batch == 1 and dtype == 'float32':
-      share = greedy['bandwidth_bound_fraction']
-      out.append(('4x3 b1: greedy >= 80% of its bandwidth bound', share,
-                  f'{share:.0%}', share >= 0.8))
-      out.append(('4x3 b1: SPEED >= 1.8x the best greedy', vs, f'{vs:.2f}x',
-                  vs >= 1.8))
-      shallow = bench_measure.best_row(m, 'greedy_g')
-      if shallow is not None:
-        lat = _decode_ms(speed) / _decode_ms(shallow)
-        out.append(('4x3 b1: SPEED latency <= 1.15x the unshared 4-layer '
-                    'model\'s', lat, f'{lat:.2f}x', lat <= 1.15))
-    elif cfg == '4x3' and batch == 1 and dtype == 'bfloat16':
-      share = greedy['bandwidth_bound_fraction']
-      out.append(('bf16 4x3 b1: SPEED >= 1.7x the best greedy', vs,
-                  f'{vs:.2f}x', vs >= 1.7))
-      out.append(('bf16 4x3 b1: greedy >= 70% of its bandwidth bound',
-                  share, f'{share:.0%}', share >= 0.7))
-    elif batch in (4, 16) and dtype == 'float32' and not paper_flips:
-      goal = 1.3 if (cfg, batch) == ('4x3', 4) else 1.0
-      shown = f'{vs:.2f}x'
-      met = vs >= goal
-      if not speed.get('pipelined', True):
-        # greedy's own loop: equal to greedy up to the run's noise.
-        shown += ' (greedy\'s step, beyond max_speculative_rows)'
-        met = None if goal == 1.0 else False
-      out.append((f'{cfg} b{batch}: SPEED (default settings) >= {goal}x the '
-                  'best greedy', vs, shown, met))
-  return out
-
-
-def targets_markdown(rows: List[Tuple[str, float, str, Optional[bool]]]
-                     ) -> str:
-  """The targets as a table with met / missed / equal."""
-  if not rows:
-    return ''
-  verdict = {True: 'met', False: 'missed', None: 'equal (same program)'}
-  lines = ['| target | measured | |', '|---|---|---|']
-  lines += [f'| {t} | {shown} | {verdict[met]} |'
-            for t, _, shown, met in rows]
   return '\n'.join(lines)
 
 

@@ -23,7 +23,7 @@ from t5x_speed import network
 from tools import trainer
 
 # `t5x_speed.tasks.DEMO_TASK` and `DEMO_SEQUENCE_LENGTH`, which import
-# TensorFlow (tests/test_demo.py checks they agree).
+# TensorFlow (tests/tools/test_demo.py checks they agree).
 TASK = 'speed_demo_numbers'
 LENGTHS = {'inputs': 24, 'targets': 112}
 VOCAB_SIZE = 384  # the byte vocabulary's 259 ids, rounded up to 128

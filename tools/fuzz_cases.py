@@ -36,15 +36,12 @@ from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import rowmatmul
 from t5x_speed import steps
+from t5x_speed.testing import RESIDUAL_OUTPUTS
 from tools import fuzz_check
 
 # (name, residual gain, probability) of the weight variants.
 VARIANTS = (('disagree', 4.0, 0.35), ('plain', 1.0, 0.3),
             ('agree', 0.05, 0.25), ('identical', 0.0, 0.1))
-# The kernels closing each residual branch (attention's and the MLP's
-# output projections): scaling them sets how much each layer moves the
-# prediction.
-RESIDUAL_OUTPUTS = ('out', 'wo')
 # Cache elements (cases x batch x layers x length x width) one vmapped call
 # may hold: bounds memory for the largest groups (about 0.5 GB per cache copy
 # in float32).

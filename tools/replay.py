@@ -1,15 +1,14 @@
 """Replaying a trained demo model's SPEED schedule on another model.
 
 Base-width training is out of reach on a CPU, so `tools.bench`,
-`tools.sample_bench`, `tools.demo` and `tools.decode_profile` time wide
-models by *replay*: a small model with R stages, trained on the demo task
-(`demo_schedule_source`), decodes prompts with SPEED while its schedule is
-recorded (`record`, `replay_record`); a wide model of the same R then runs
-the full computation and control logic of every step with each exit's
-argmax forced to the recorded prediction (`replay_decoder`, or
-`replay_prefill` and `replay_decode` to time the two parts apart). The wide
-model thus takes exactly the recorded loop steps and flushes; sequential
-decoding is forced to the same tokens.
+`tools.sample_bench` and `tools.demo` time wide models by *replay*: a small
+model with R stages, trained on the demo task (`demo_schedule_source`),
+decodes prompts with SPEED while its schedule is recorded (`record`,
+`replay_record`); a wide model of the same R then runs the full computation
+and control logic of every step with each exit's argmax forced to the recorded
+prediction (`replay_decoder`, or `replay_prefill` and `replay_decode` to time
+the two parts apart). The wide model thus takes exactly the recorded loop
+steps and flushes; sequential decoding is forced to the same tokens.
 
 Every replay returns a `decoding.DecodeResult` (stats None for the
 sequential methods). Recorded schedules can be saved to a JSON file and
@@ -32,6 +31,7 @@ from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed import sampling
 from t5x_speed import steps
+from t5x_speed import testing
 from tools import demo_model
 
 # The logit a forced token gets: far above any the model produces.
@@ -59,57 +59,14 @@ def demo_schedule_source(repeats: int, demo_out: str,
 
 def init_model(config: network.TransformerConfig, seed: int = 0
                ) -> Tuple[network.SpeedTransformer, Any]:
-  """The module and random parameters (`random_params`), stored in the
-  activation dtype (bf16 weights are cast once here, as for serving, not in
-  every step)."""
+  """The module and random parameters (`testing.random_params`), stored in
+  the activation dtype (bf16 weights are cast once here, as for serving, not
+  in every step)."""
   module = (encoder_decoder.SpeedEncoderDecoder(config)
             if config.is_encoder_decoder else network.SpeedTransformer(config))
   params = jax.tree.map(lambda x: x.astype(config.dtype),
-                        random_params(module, seed))
+                        testing.random_params(module, seed))
   return module, params
-
-
-def random_params(module, seed: int):
-  """Random parameters of `module` (`draw_params` of its shapes): a
-  `network.SpeedTransformer` or T5X's decoder-only `DecoderWrapper`, or an
-  encoder-decoder (`encoder_decoder.SpeedEncoderDecoder`, T5X's T5
-  `Transformer`), which takes encoder tokens first."""
-  tokens = jnp.ones((1, 4), jnp.int32)
-  args = (tokens,) * (3 if hasattr(module, 'encode') else 2)
-  shapes = jax.eval_shape(lambda: module.init(
-      jax.random.PRNGKey(0), *args, enable_dropout=False))['params']
-  return draw_params(shapes, seed, module.config.head_dim)
-
-
-def draw_params(shapes, seed: int, head_dim: int):
-  """Random weights of the `shapes` tree (ours or T5X's decoder-only
-  parameter names), drawn from seed on the host with the scales of the
-  initialisers (layers.py): scales 1, embeddings N(0, 1), kernels
-  N(0, 1/fan_in) (the query's also over head_dim), the relative position
-  table uniform with variance 1/fan_avg.
-
-  Only the shapes are traced: a compiled init (every leaf's random draw)
-  would be one more program to compile per configuration. The tests'
-  random models come from here too.
-  """
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if name.endswith("['scale']"):
-      x = np.ones(leaf.shape)
-    elif name.endswith("['embedding']"):
-      x = rng.standard_normal(leaf.shape)
-    elif name.endswith("['rel_embedding']"):
-      limit = np.sqrt(6.0 / sum(leaf.shape))
-      x = rng.uniform(-limit, limit, leaf.shape)
-    else:
-      x = rng.standard_normal(leaf.shape) / np.sqrt(leaf.shape[0])
-      if "['query']" in name:
-        x /= np.sqrt(head_dim)
-    return jnp.asarray(x, leaf.dtype)
-
-  return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def with_xla_matmuls(module):

@@ -40,7 +40,6 @@ import numpy as np
 from t5x_speed import inference
 from t5x_speed import rowmatmul
 from t5x_speed import sampling
-from tools import bench_report
 from tools import common
 from tools import demo_model
 from tools import replay
@@ -50,9 +49,10 @@ SETTINGS = (('greedy', None), ('T=0.5', dict(temperature=0.5, topp=0.0)),
             ('T=1.0', dict(temperature=1.0, topp=0.0)),
             ('T=1.0, top-p 0.9', dict(temperature=1.0, topp=0.9)),
             ('T=0.7, top-p 0.9', dict(temperature=0.7, topp=0.9)))
-# Issue 23's target: SPEED sampling at T 0.7 / top-p 0.9, batch 1, in the
-# width-768 replay, against sequential sampling.
-TARGET_SETTING, TARGET_SPEEDUP = 'T=0.7, top-p 0.9', 1.7
+# The setting of the main sampling measurement (SPEED sampling at T 0.7 /
+# top-p 0.9, batch 1, in the width-768 replay, against sequential sampling);
+# the sampler alone is timed at it and at T 1.0.
+MAIN_SETTING = 'T=0.7, top-p 0.9'
 
 
 def _flags(argv):
@@ -150,7 +150,7 @@ def _sampler_alone(stages: int, vocab: int, repeats: int
   with the kernel and with XLA's ops; medians of `repeats` rounds of 100."""
   out = []
   for name, setting in SETTINGS:
-    if name not in ('T=1.0', TARGET_SETTING):
+    if name not in ('T=1.0', MAIN_SETTING):
       continue
     for rows in (1, stages):
       logits = jax.random.normal(jax.random.PRNGKey(rows), (1, rows, vocab))
@@ -261,15 +261,6 @@ def markdown(results: Dict[str, Any]) -> str:
               '', '| setting | rows | kernel | XLA |', '|---|---|---|---|']
     lines += [f"| {e['setting']} | {e['rows']} | {e['kernel_ms']:.3f} | "
               f"{e['xla_ms']:.3f} |" for e in results['sampler_alone']]
-  goals = bench_report.targets_markdown([
-      (f'SPEED sampling ({TARGET_SETTING}) >= {TARGET_SPEEDUP}x sequential '
-       'sampling in the replay', row['replay']['speedup'],
-       f"{row['replay']['speedup']:.2f}x",
-       row['replay']['speedup'] >= TARGET_SPEEDUP)
-      for row in results['rows']
-      if row['setting'] == TARGET_SETTING and row.get('replay')])
-  if goals:
-    lines += ['', goals]
   return '\n'.join(lines) + '\n'
 
 
