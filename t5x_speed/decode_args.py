@@ -185,18 +185,23 @@ def validate(inputs, initial_index, max_decode_steps, eos_id,
   eos_id = per_example('eos_id', eos_id, batch)
 
   # Prompt token ids: BOS and the prompt, positions <= initial_index.
-  in_prompt = jnp.arange(length)[None, :] <= initial_index[:, None]
-  ids = jnp.where(in_prompt, inputs, 0)
   high = np.iinfo(np.int32).max if vocab_size is None else vocab_size
-  outside = in_prompt & ((ids < 0) | (ids >= high))
   if is_concrete(inputs, initial_index):
-    rows, cols = np.nonzero(np.asarray(outside))
+    # On the host: concrete arrays captured by a traced function would
+    # otherwise give traced comparisons.
+    inputs_np = np.asarray(inputs)
+    in_prompt = np.arange(length)[None, :] <= np.asarray(initial_index)[:, None]
+    ids = np.where(in_prompt, inputs_np, 0)
+    rows, cols = np.nonzero(in_prompt & ((ids < 0) | (ids >= high)))
     if rows.size:
-      value = int(np.asarray(inputs)[rows[0], cols[0]])
+      value = int(inputs_np[rows[0], cols[0]])
       raise ValueError(
           f'inputs holds token id {value} at [{rows[0]}, {cols[0]}] (and '
           f'{rows.size - 1} more), outside the vocabulary [0, {high}).')
   else:
+    in_prompt = jnp.arange(length)[None, :] <= initial_index[:, None]
+    ids = jnp.where(in_prompt, inputs, 0)
+    outside = in_prompt & ((ids < 0) | (ids >= high))
     invalid = invalid | jnp.where(jnp.any(outside, -1), INVALID_TOKEN_ID, 0)
   done = (invalid != 0) | (max_len <= initial_index)
   return Checked(initial_index, max_len.astype(jnp.int32), eos_id, invalid,

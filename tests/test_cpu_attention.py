@@ -258,11 +258,11 @@ class SpeedScoresTest(parameterized.TestCase):
     rng = np.random.RandomState(seed)
     lengths = rng.randint(1, 6, size=3)
     prompts = rng.randint(2, 97, size=(3, 6))
-    run = lambda method: inference.generate(
+    run = lambda method, **kw: inference.generate(
         module, params, jnp.asarray(prompts), jnp.asarray(lengths),
-        max_decode_steps=16, method=method, eos_id=1,
-        max_speculative_rows=None)  # the pipeline is the subject
-    speed, greedy = run('speed'), run('greedy')
+        max_decode_steps=16, method=method, eos_id=1, **kw)
+    # The pipeline is the subject, at any batch size.
+    speed, greedy = run('speed', max_speculative_rows=None), run('greedy')
     np.testing.assert_array_equal(speed.tokens, greedy.tokens)
     np.testing.assert_array_equal(_bits(speed.scores), _bits(greedy.scores))
 

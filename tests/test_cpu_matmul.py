@@ -16,8 +16,11 @@ Row independence is bit-exact.
 
 import itertools
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -563,12 +566,27 @@ class InstructionSetVariantsTest(parameterized.TestCase):
     if isa == 'avx512' and 'avx512f' not in cpu:
       isa = 'avx2'  # the same flags on a CPU without AVX-512
     cxx = os.environ.get('CXX') or 'g++'
+    # Each variant builds into a build directory of its own, and the build
+    # writes nothing anywhere else (the package's folder included).
+    package = pathlib.Path(build.__file__).parents[1]
+    before = _files(package)
+    cache = tempfile.mkdtemp(prefix='t5x_speed_variant_')
+    self.addCleanup(shutil.rmtree, cache, ignore_errors=True)
     result = subprocess.run(
         [sys.executable, '-c', _VARIANT_CHECK], capture_output=True,
-        text=True, timeout=600, env={**os.environ, 'CXX': f'{cxx} {flags}'})
+        text=True, timeout=600, env={**os.environ, 'CXX': f'{cxx} {flags}',
+                                     'XDG_CACHE_HOME': cache})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn(f'isa {isa}', result.stdout)
     self.assertIn('ok', result.stdout)
+    built = os.listdir(os.path.join(cache, 't5x_speed'))
+    self.assertLen([f for f in built if f.endswith('.so')], 1, built)
+    self.assertEqual(_files(package), before)
+
+
+def _files(folder: pathlib.Path) -> set:
+  """Every file under `folder` but Python's bytecode caches."""
+  return {p for p in folder.rglob('*') if '__pycache__' not in p.parts}
 
 
 class FallbackTest(absltest.TestCase):

@@ -123,9 +123,8 @@ class DecodeResultTest(absltest.TestCase):
     speed = decoding.speed_decode(**self.kwargs, **self.pipeline)
     greedy_decodes, _ = greedy
     for out in (greedy, speed):
-      self.assertIsInstance(out, tuple)
-      self.assertLen(out, 2)
-      decodes, scores = out
+      self.assertIsInstance(out, results.DecodeResult)
+      decodes, scores = out      # T5X's (decodes, scores)
       self.assertEqual((decodes.shape, scores.shape), ((1, 1, 8), (1, 1)))
       np.testing.assert_array_equal(decodes[0, 0], self.EXPECTED)
     result = decoding.decode(decoding.speed_decode, **self.kwargs,

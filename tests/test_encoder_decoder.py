@@ -93,14 +93,28 @@ class ModuleTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r'encoder_input_tokens .*\[0, 13\)'):
       inference.generate(module, params, encoder_input_tokens=jnp.array(
           [[3, 40]]), max_decode_steps=2)
-    with self.assertRaisesRegex(ValueError, 'bidirectional'):
-      inference.generate(module, params, encoder_input_tokens=jnp.array(
-          [[3, 4]]), max_decode_steps=2, bidirectional=True)
     decoder_only = helpers.tiny_model()
     with self.assertRaisesRegex(ValueError, 'meaningless'):
       inference.generate(*decoder_only, jnp.ones((1, 2), jnp.int32),
                          jnp.array([2]), max_decode_steps=2,
                          encoder_input_tokens=jnp.ones((1, 3), jnp.int32))
+
+  def test_prefix_lm_attention_is_refused_wherever_a_decode_starts(self):
+    # generate, prepare and the prefill: one check, naming what was given.
+    module, params = _model()
+    encoder_tokens = jnp.array([[3, 4]])
+    with self.assertRaisesRegex(ValueError, 'bidirectional: a prefix-LM'):
+      inference.generate(module, params, encoder_input_tokens=encoder_tokens,
+                         max_decode_steps=2, bidirectional=True)
+    bound = steps.BoundSteps(module, params)
+    prompts, lengths = jnp.zeros((1, 0), jnp.int32), jnp.array([0])
+    with self.assertRaisesRegex(ValueError, 'bidirectional: a prefix-LM'):
+      inference.prepare(bound, prompts, lengths, 3, bidirectional=True,
+                        encoder_input_tokens=encoder_tokens)
+    with self.assertRaisesRegex(ValueError, 'causal_attention: a prefix-LM'):
+      bound.prefill(jnp.zeros((1, 4), jnp.int32), lengths,
+                    causal_attention=jnp.ones((1, 4), jnp.int32),
+                    encoder_input_tokens=encoder_tokens)
 
 
 class CachedDecodingTest(parameterized.TestCase):

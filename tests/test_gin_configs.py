@@ -168,7 +168,8 @@ class GinConfigTest(parameterized.TestCase):
   @parameterized.parameters(*[f.name for f in RUN_FILES
                               if f.name.startswith(('pretrain', 'finetune_'))])
   def test_paper_training_run(self, name):
-    self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin', GIN / 'runs' / name,
+    self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin',
+                GIN / 'runs' / name,
                 bindings=["INITIAL_CHECKPOINT_PATH = "
                           "'/ckpt/pretrained/checkpoint_524288'"])
     model = self._model()
@@ -218,7 +219,8 @@ class GinConfigTest(parameterized.TestCase):
     finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune_')]
     self.assertLen(finetune_files, 5)
     for run_file in finetune_files:
-      self._parse(GIN / 'models' / 'encoder_decoder' / 'speed_4x3.gin', run_file,
+      self._parse(GIN / 'models' / 'encoder_decoder' / 'speed_4x3.gin',
+                  run_file,
                   bindings=["INITIAL_CHECKPOINT_PATH = "
                             "'/ckpt/t5_1_1_base/checkpoint_1000000'"])
       model = self._model()
@@ -253,7 +255,8 @@ class GinConfigTest(parameterized.TestCase):
 
   def test_eval_and_infer_run_files(self):
     for name in ('eval.gin', 'infer.gin'):
-      self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin', GIN / 'runs' / name,
+      self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin',
+                  GIN / 'runs' / name,
                   bindings=[TASK])
       self.assertEqual(self._model().config.dropout_rate, 0.0)
       script = ('eval_script.evaluate' if name == 'eval.gin' else
@@ -272,7 +275,8 @@ class GinConfigTest(parameterized.TestCase):
     gin.add_config_file_search_path(os.path.dirname(os.path.dirname(
         t5x.__file__)))
     gin.parse_config_files_and_bindings(
-        [str(GIN / 'models' / family / 'speed_2x6.gin')], ['DROPOUT_RATE = 0.1'],
+        [str(GIN / 'models' / family / 'speed_2x6.gin')],
+        ['DROPOUT_RATE = 0.1'],
         finalize_config=True)
     model = self._model()
     cfg = model.config

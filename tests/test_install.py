@@ -52,10 +52,13 @@ class InstalledPackageTest(absltest.TestCase):
                  for p in (LIBRARY / 'gin').rglob('*.gin')}
     self.assertGreater(len(gin_files), 20)
     self.assertEmpty(gin_files - names)
-    sources = {str(p.relative_to(REPO)) for p in (LIBRARY / 'csrc').iterdir()
+    sources = {str(p.relative_to(REPO))
+               for p in (LIBRARY / 'cpu' / 'csrc').iterdir()
                if p.suffix in ('.cc', '.h')}
     self.assertGreaterEqual(len(sources), 5)
     self.assertEmpty(sources - names)
+    # Never a built library: it is compiled on the user's machine.
+    self.assertEmpty([n for n in names if n.endswith('.so')])
     self.assertIn('t5x_speed/tasks/__init__.py', names)
     self.assertEmpty([n for n in names if n.startswith(('tools/', 'tests/'))])
 

@@ -122,10 +122,10 @@ class ReadmeCommandsTest(absltest.TestCase):
     return cls.runs
 
   def _demo_commands(self):
-    return [c for c in self.commands if 'speed_demo' in c]
+    return [c for c in self.commands if 'demo_2x3.gin' in c]
 
   def _paper_commands(self):
-    return [c for c in self.commands if 'speed_demo' not in c]
+    return [c for c in self.commands if 'demo_2x3.gin' not in c]
 
   def _demo_checkpoint(self):
     train = self._demo_commands()[0]

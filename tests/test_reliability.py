@@ -307,13 +307,35 @@ class GenerateArgumentTest(parameterized.TestCase):
                               max_decode_steps=3, **kwargs)
 
   @parameterized.product(method=['greedy', 'speed'], settings=[
-      dict(temperature=0.7, topk=40), dict(topp=0.9), dict(temperature=0.0)])
+      dict(temperature=0.7, topk=40), dict(topp=0.9), dict(temperature=0.0),
+      dict(rng=jax.random.PRNGKey(1))])
   def test_sampling_settings_need_a_sampling_method(self, method, settings):
-    for name, value in settings.items():
+    for name in settings:
       with self.assertRaisesRegex(
-          ValueError, rf"method='{method}'\) decodes greedily.* {name}="
-          rf"{value!r}.*sampling methods \('speed_sample', 'sample'\)"):
+          ValueError, rf"method='{method}'\) does not use .*{name}=.*"
+          r"sampling methods \('speed_sample', 'sample'\)"):
         self.generate(method=method, **settings)
+
+  @parameterized.product(method=['greedy', 'sample'], settings=[
+      dict(max_speculative_rows=None), dict(max_speculative_rows=4),
+      dict(speculative_vocab_size=16), dict(record_schedule=True),
+      dict(require_pipeline=True)])
+  def test_speed_settings_need_a_speed_method(self, method, settings):
+    (name, value), = settings.items()
+    with self.assertRaisesRegex(
+        ValueError, rf"method='{method}'\) does not use {name}={value!r}.*"
+        r"SPEED methods \('speed', 'speed_sample'\)"):
+      self.generate(method=method, **settings)
+
+  def test_defaults_are_not_settings(self):
+    # Every method takes every argument at its default, so that one call
+    # site can switch `method` alone.
+    for method in inference.METHODS:
+      with self.assertRaisesRegex(AssertionError, 'traced'):
+        self.generate(method=method, record_schedule=False,
+                      speculative_vocab_size=None, max_speculative_rows='auto',
+                      require_pipeline=False, temperature=None, topk=None,
+                      topp=None, rng=None)
 
   def test_ragged_prompts(self):
     with self.assertRaisesRegex(ValueError, 'prompts must be a rectangular '
@@ -326,7 +348,7 @@ class GenerateArgumentTest(parameterized.TestCase):
         (np.array([1, 2], np.int64), r'shape \(2,\) and dtype int64'),
         (np.zeros((2, 2), np.uint32), r'shape \(2, 2\) and dtype uint32'),
         (jax.random.split(jax.random.key(0)), r'shape \(2,\) and dtype key')):
-      for method in ('sample', 'speed'):
+      for method in ('sample', 'speed_sample'):
         with self.assertRaisesRegex(ValueError, 'rng must be one PRNG key: '
                                     rf'jax.random.PRNGKey.*{got}'):
           self.generate(method=method, rng=rng)

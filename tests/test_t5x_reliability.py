@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip('t5x')
 
+from t5x_speed import decode_args  # pylint: disable=g-import-not-at-top
 from t5x_speed import decoding  # pylint: disable=g-import-not-at-top
 import t5x_helpers as th
 

@@ -15,6 +15,7 @@ import seqio
 import tensorflow as tf
 
 import t5x_speed.tasks as speed_tasks
+from t5x_speed.tasks import sources
 from t5x_speed.tasks import vocabularies
 
 from tasks_helpers import (REPO, LENGTHS, EOS, VOCAB_SIZE, TFDS_TASKS,
@@ -35,7 +36,7 @@ class MissingDataTest(TasksTestBase):
     empty = self._directory_with()
     speed_tasks.register_tasks(vocabulary=self.vocab, tfds_data_dir=empty)
     task = seqio.get_mixture_or_task(name)
-    with self.assertRaises(speed_tasks.DatasetNotPreparedError) as caught:
+    with self.assertRaises(sources.DatasetNotPreparedError) as caught:
       task.get_dataset(LENGTHS, split='train')
     message = str(caught.exception)
     self.assertIn(f"Dataset '{TFDS_NAMES[name]}' for task '{name}' is not "
@@ -43,7 +44,7 @@ class MissingDataTest(TasksTestBase):
     self.assertIn(f'tfds build {TFDS_NAMES[name]} --data_dir={empty}',
                   message)
     self.assertIn('TFDS_DATA_DIR', message)
-    with self.assertRaises(speed_tasks.DatasetNotPreparedError):
+    with self.assertRaises(sources.DatasetNotPreparedError):
       task.num_input_examples('train')
 
   def test_unknown_split_is_not_reported_as_missing_data(self):
@@ -53,7 +54,7 @@ class MissingDataTest(TasksTestBase):
 
   def _paragraph_error(self, split='train'):
     task = seqio.get_mixture_or_task('speed_paracrawl_paragraph_ende')
-    with self.assertRaises(speed_tasks.DatasetNotPreparedError) as caught:
+    with self.assertRaises(sources.DatasetNotPreparedError) as caught:
       task.get_dataset(LENGTHS, split=split)
     message = str(caught.exception)
     self.assertIn("Dataset 'paracrawl_paragraph/ende' for task "
@@ -80,7 +81,7 @@ class MissingDataTest(TasksTestBase):
   def test_paragraph_directory_unset(self):
     speed_tasks.register_tasks(vocabulary=self.vocab)
     with mock.patch.dict(os.environ):
-      os.environ.pop(speed_tasks.PARAGRAPH_DIR_ENV_VAR, None)
+      os.environ.pop(sources.PARAGRAPH_DIR_ENV_VAR, None)
       self.assertIn('no data directory is set', self._paragraph_error())
 
   def test_paragraph_split_in_two_formats(self):
@@ -148,7 +149,7 @@ class VocabularyTest(TasksTestBase):
     for use in (lambda v: v.encode('Hello'), lambda v: v.decode([5, 6]),
                 lambda v: v.vocab_size, lambda v: v.encode_tf('Hello')):
       vocab = vocabularies.SentencePieceVocabulary(missing)  # reads nothing
-      with self.assertRaises(speed_tasks.VocabularyNotReadableError) as caught:
+      with self.assertRaises(vocabularies.VocabularyNotReadableError) as caught:
         use(vocab)
       self._assert_explained(str(caught.exception), missing)
       self.assertIn('NotFoundError', str(caught.exception))
@@ -166,13 +167,13 @@ class VocabularyTest(TasksTestBase):
 
   def test_default_gs_vocabulary_offline(self):
     with mock.patch.dict(os.environ):
-      os.environ.pop(speed_tasks.VOCAB_ENV_VAR, None)
-      vocab = speed_tasks.default_vocabulary()
+      os.environ.pop(vocabularies.VOCAB_ENV_VAR, None)
+      vocab = speed_tasks.registry.default_vocabulary()
     self.assertIsInstance(vocab, vocabularies.SentencePieceVocabulary)
     try:
       vocab.encode('Hello')
-    except speed_tasks.VocabularyNotReadableError as e:
-      self._assert_explained(str(e), speed_tasks.DEFAULT_VOCAB_PATH)
+    except vocabularies.VocabularyNotReadableError as e:
+      self._assert_explained(str(e), vocabularies.DEFAULT_VOCAB_PATH)
       self.assertIn('Offline or without GCS access', str(e))
     else:
       self.skipTest('GCS is reachable: T5\'s vocabulary was read.')
@@ -197,17 +198,18 @@ class VocabularyTest(TasksTestBase):
 
   def test_vocabulary_path(self):
     with mock.patch.dict(os.environ):
-      os.environ.pop(speed_tasks.VOCAB_ENV_VAR, None)
-      self.assertEqual(speed_tasks.vocabulary_path(),
-                       speed_tasks.DEFAULT_VOCAB_PATH)
+      os.environ.pop(vocabularies.VOCAB_ENV_VAR, None)
+      self.assertEqual(vocabularies.vocabulary_path(),
+                       vocabularies.DEFAULT_VOCAB_PATH)
     with mock.patch.dict(os.environ,
-                         {speed_tasks.VOCAB_ENV_VAR: self.vocab_path}):
-      self.assertEqual(speed_tasks.vocabulary_path(), self.vocab_path)
+                         {vocabularies.VOCAB_ENV_VAR: self.vocab_path}):
+      self.assertEqual(vocabularies.vocabulary_path(), self.vocab_path)
 
 
 @absltest.skipUnless(importlib.util.find_spec('t5x'), 'needs T5X')
 class ModelVocabularyGinTest(TasksTestBase):
-  """gin/models/decoder_only/__init__.gin's VOCABULARY follows the tasks' setting."""
+  """The decoder-only models' VOCABULARY (gin/models/decoder_only/__init__.gin)
+  follows the tasks' setting."""
 
   def tearDown(self):
     gin.clear_config()
@@ -216,7 +218,8 @@ class ModelVocabularyGinTest(TasksTestBase):
   def _vocabulary(self, *bindings):
     gin.clear_config()
     gin.parse_config_files_and_bindings(
-        [str(REPO / 't5x_speed' / 'gin' / 'models' / 'decoder_only.gin')],
+        [str(REPO / 't5x_speed' / 'gin' / 'models' / 'decoder_only' /
+             '__init__.gin')],
         ['NUM_UNIQUE_LAYERS = 2', 'NUM_REPEATS = 3', 'DROPOUT_RATE = 0.0',
          *bindings])
     vocabulary = gin.query_parameter('VOCABULARY/macro.value')
@@ -224,9 +227,9 @@ class ModelVocabularyGinTest(TasksTestBase):
 
   def test_follows_env_var(self):
     with mock.patch.dict(os.environ,
-                         {speed_tasks.VOCAB_ENV_VAR: self.vocab_path}):
+                         {vocabularies.VOCAB_ENV_VAR: self.vocab_path}):
       vocab = self._vocabulary()
-      self.assertEqual(vocab, speed_tasks.default_vocabulary())
+      self.assertEqual(vocab, speed_tasks.registry.default_vocabulary())
     self.assertIsInstance(vocab, vocabularies.SentencePieceVocabulary)
     self.assertEqual(vocab.vocab_size, VOCAB_SIZE)
 
@@ -234,19 +237,19 @@ class ModelVocabularyGinTest(TasksTestBase):
     other = os.path.join(self.data_dir, 'other.model')
     shutil.copy(self.vocab_path, other)
     with mock.patch.dict(os.environ,
-                         {speed_tasks.VOCAB_ENV_VAR: self.vocab_path}):
+                         {vocabularies.VOCAB_ENV_VAR: self.vocab_path}):
       vocab = self._vocabulary(f"SENTENCEPIECE_MODEL = '{other}'")
     self.assertEqual(vocab.sentencepiece_model_file, other)
 
   def test_default_offline_is_explained(self):
     with mock.patch.dict(os.environ):
-      os.environ.pop(speed_tasks.VOCAB_ENV_VAR, None)
+      os.environ.pop(vocabularies.VOCAB_ENV_VAR, None)
       vocab = self._vocabulary()
     self.assertEqual(vocab.sentencepiece_model_file,
-                     speed_tasks.DEFAULT_VOCAB_PATH)
+                     vocabularies.DEFAULT_VOCAB_PATH)
     try:
       vocab.decode([5, 6])
-    except speed_tasks.VocabularyNotReadableError as e:
+    except vocabularies.VocabularyNotReadableError as e:
       self.assertIn('SENTENCEPIECE_MODEL', str(e))
     else:
       self.skipTest('GCS is reachable: T5\'s vocabulary was read.')

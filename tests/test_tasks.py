@@ -74,14 +74,14 @@ class RegistrationTest(TasksTestBase):
 
   def test_default_vocabulary(self):
     with mock.patch.dict(os.environ):
-      os.environ.pop(speed_tasks.VOCAB_ENV_VAR, None)
+      os.environ.pop(speed_tasks.vocabularies.VOCAB_ENV_VAR, None)
       self.assertEqual(
-          speed_tasks.default_vocabulary().sentencepiece_model_file,
+          speed_tasks.registry.default_vocabulary().sentencepiece_model_file,
           'gs://t5-data/vocabs/cc_all.32000.100extra/sentencepiece.model')
-    with mock.patch.dict(os.environ,
-                         {speed_tasks.VOCAB_ENV_VAR: self.vocab_path}):
+    with mock.patch.dict(
+        os.environ, {speed_tasks.vocabularies.VOCAB_ENV_VAR: self.vocab_path}):
       self.assertEqual(
-          speed_tasks.default_vocabulary().sentencepiece_model_file,
+          speed_tasks.registry.default_vocabulary().sentencepiece_model_file,
           self.vocab_path)
 
   def test_vocab_env_var_read_on_import_without_io(self):
@@ -197,7 +197,8 @@ class DecoderFeatureConverterTest(TasksTestBase):
     speed_tasks.register_tasks(vocabulary=self.vocab)
     # Set after registration: the directory is looked up when data is read.
     with mock.patch.dict(
-        os.environ, {speed_tasks.PARAGRAPH_DIR_ENV_VAR: self.paragraph_dir}):
+        os.environ,
+        {speed_tasks.sources.PARAGRAPH_DIR_ENV_VAR: self.paragraph_dir}):
       examples = list(dataset('speed_paracrawl_paragraph_ende',
                                'validation').as_numpy_iterator())
     self.assertEqual(examples[0]['targets_pretokenized'], b'Hallo Welt.')

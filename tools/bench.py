@@ -47,7 +47,7 @@ second run replays them without the demo models, seqio or TensorFlow, so a
 recording made on a CPU times another backend (a GPU: JAX's default backend
 runs everything; there XLA's dot is the only path).
 
-Decode-step matmuls use the few-row kernel (`t5x_speed.rowmatmul`) when it
+Decode-step matmuls use the few-row kernel (`t5x_speed.cpu.matmul`) when it
 is built, else XLA's dot (the JSON records which). Each batch's prefill
 (XLA's dot, all layers over the prompt: the same work for every method of a
 model) and its decoding are timed apart, each run to completion; rows give
@@ -75,7 +75,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from t5x_speed import rowmatmul
+from t5x_speed.cpu import build
 from tools import bench_measure
 from tools import bench_report
 from tools import common
@@ -154,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           'jax': jax.__version__, 'backend': jax.default_backend(),
           'dtype': args.dtype,
           'bandwidth_gb_s': bandwidth / 1e9, 'copy_gb_s': copy / 1e9,
-          'kernel': (rowmatmul.isa() if on_cpu else None) or 'off (XLA dot)',
+          'kernel': (build.isa() if on_cpu else None) or 'off (XLA dot)',
           'encoder_layers': args.encoder_layers,
           'replay_steps': args.replay_steps}
   print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s (reduction), '

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_speed import backend
 from t5x_speed import network
-from t5x_speed import rowmatmul
+from t5x_speed.cpu import build
+from t5x_speed.cpu import dispatch
 from tools import common
 from tools import demo_model
 from tools import replay
@@ -67,7 +67,7 @@ def method_configs(g: int, r: int, args,
                            encoder_layers=args.encoder_layers)
   shared = base(g, r)
   configs = {'greedy': shared, 'speed': shared}
-  limit = backend.resolve_max_speculative_rows('auto')
+  limit = dispatch.max_speculative_rows('auto')
   falls_back = limit is not None and batch * r > limit
   if falls_back:
     configs['speed' + PIPELINE_SUFFIX] = shared
@@ -84,7 +84,7 @@ def method_configs(g: int, r: int, args,
     except ImportError:
       pass
   if (args.xla_baseline and jax.default_backend() == 'cpu' and
-      rowmatmul.available()):
+      build.available()):
     for method in XLA_BASELINES:
       if method in configs:
         configs[method + XLA_SUFFIX] = configs[method]

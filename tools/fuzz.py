@@ -22,11 +22,12 @@ this package (T5X's) does, where bf16 SPEED can differ from greedy at
 near-ties.
 
 Where SPEED's and greedy's programs run every decode-step matmul on the
-row-independent kernel (B * R <= `rowmatmul.MAX_ROWS` rows) and each case is
-run as `generate` runs it (bfloat16 cases, one at a time, compiled as
-generate compiles), SPEED's tokens must equal greedy's: the fuzz has found no
-mismatch there (the attention and norms, XLA ops, can still round the last
-bits differently), so one is reported as a *real bug*, to be looked at.
+row-independent kernel (B * R <= `t5x_speed.cpu.matmul.MAX_ROWS` rows) and
+each case is run as `generate` runs it (bfloat16 cases, one at a time,
+compiled as generate compiles), SPEED's tokens must equal greedy's: the fuzz
+has found no mismatch there (the attention and norms, XLA ops, can still
+round the last bits differently), so one is reported as a *real bug*, to be
+looked at.
 Elsewhere (float32 cases are vmapped for speed; B * R > MAX_ROWS runs
 SPEED's matmuls through XLA's GEMM; --xla-excess-precision) a float32 token
 mismatch is a *near-tie* when the reference's top-2 logit margin at the

@@ -34,7 +34,8 @@ from t5x_speed import decoding
 from t5x_speed import encoder_decoder
 from t5x_speed import inference
 from t5x_speed import network
-from t5x_speed import rowmatmul
+from t5x_speed.cpu import build
+from t5x_speed.cpu import matmul
 from t5x_speed import steps
 from t5x_speed.testing import RESIDUAL_OUTPUTS
 from tools import fuzz_check
@@ -195,8 +196,8 @@ class Compiled:
     # kernel (SPEED's B*R rows included) in the user's program, SPEED's tokens
     # must be greedy's exactly, near-tie or not.
     self.bit_exact = (one_at_a_time and not excess_precision and
-                      rowmatmul.available() and
-                      group.batch * group.r <= rowmatmul.MAX_ROWS)
+                      build.available() and
+                      group.batch * group.r <= matmul.MAX_ROWS)
 
 
 def _map_cases(fn, jit, one_at_a_time: bool):

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import inference
-from t5x_speed import rowmatmul
+from t5x_speed.cpu import build
 from t5x_speed import sampling
 from tools import common
 from tools import demo_model
@@ -156,12 +156,12 @@ def _sampler_alone(stages: int, vocab: int, repeats: int
       logits = jax.random.normal(jax.random.PRNGKey(rows), (1, rows, vocab))
       positions = jnp.arange(rows, dtype=jnp.int32)[None] + 5
       entry = {'setting': name, 'rows': rows}
-      for use_kernel in (True, False):
+      for choice in ('kernel', 'xla'):
         rule = sampling.PositionKeyedSampler(
             row_keys=jax.random.PRNGKey(0)[None],
             temperature=jnp.full((1,), setting['temperature']),
             topp=jnp.float32(setting['topp']), use_topp=setting['topp'] > 0,
-            use_kernel=use_kernel)
+            token_choice=choice)
         pick = jax.jit(rule.pick)
         jax.block_until_ready(pick(logits, positions))
         times = []
@@ -170,7 +170,7 @@ def _sampler_alone(stages: int, vocab: int, repeats: int
           for _ in range(100):
             jax.block_until_ready(pick(logits, positions))
           times.append((time.perf_counter() - start) * 10)   # ms per call
-        entry['kernel_ms' if use_kernel else 'xla_ms'] = float(
+        entry[f'{choice}_ms'] = float(
             np.median(times))
       out.append(entry)
   return out
@@ -222,7 +222,7 @@ def run(args) -> Dict[str, Any]:
     rows.append(row)
     print(json.dumps(row), flush=True)
   sampler = []
-  if rowmatmul.available():
+  if build.available():
     progress.log('timing the sampler alone')
     sampler = _sampler_alone(r, args.vocab_size, args.repeats)
   return {'config': args.config, 'prompts': args.prompts,
@@ -232,7 +232,7 @@ def run(args) -> Dict[str, Any]:
           'demo_model': f'{module.config.num_unique_layers}x{r}, width '
                         f'{module.config.emb_dim}, trained '
                         f'{args.replay_steps} steps',
-          'kernel': rowmatmul.available(), 'rows': rows}
+          'kernel': build.available(), 'rows': rows}
 
 
 def markdown(results: Dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import decoding
+from t5x_speed import results
 from tools import fuzz
 from tools import fuzz_cases
 from tools import fuzz_check
@@ -107,8 +108,7 @@ class FuzzSliceTest(absltest.TestCase):
       result = decoding.decode(real, **kwargs)
       # Change the last position's token of every row: a real bug wherever
       # that token was produced and the margin there is not a near-tie.
-      return decoding.respond(result.replace(
-          sequences=result.sequences.at[:, :, -1].add(1)))
+      return result.replace(sequences=result.sequences.at[:, :, -1].add(1))
 
     # One of the CI slice's groups with its cases per call: greedy and the
     # forward pass are then the slice's programs, which JAX's compilation
@@ -175,7 +175,7 @@ class FuzzSliceTest(absltest.TestCase):
                 limit=np.array([3]), eos=np.array([-1]),
                 ref=np.array([[5, 6, 7, 0]]))
     group = fuzz_cases.Group(**{**TINY.__dict__, 'batch': 1, 'length': 4})
-    stats = decoding.SpeedStats.zeros(1, 3).replace(
+    stats = results.SpeedStats.zeros(1, 3).replace(
         num_tokens=jnp.array([3]))
     stats = jax.tree.map(np.asarray, stats)
 
