@@ -1,4 +1,5 @@
-"""Small T5X models and batches, and T5X's binaries, for the tests that need T5X."""
+"""Small T5X models and batches, and T5X's binaries, for the tests that need
+T5X."""
 
 from concurrent import futures
 import functools
@@ -131,6 +132,14 @@ def encdec_batch(seed=0, batch=4, inputs_length=10, targets_length=12,
   return {k: jnp.asarray(v) for k, v in fields.items()}
 
 
+def jitted(method, **static):
+  """A model's `loss_fn`, `score_batch`, `predict_batch_with_aux`, ...
+  jitted as T5X's binaries jit it, with the keyword arguments `static`
+  (decode settings) bound: one compiled program, where an eager call
+  compiles each of its operations apart."""
+  return jax.jit(functools.partial(method, **static))
+
+
 def init_params(model, batch, seed=0):
   """Random parameters of `model` for `batch`'s shapes
   (`testing.draw_params`)."""
@@ -143,9 +152,10 @@ def init_params(model, batch, seed=0):
 
 # The binaries' server (`BinaryServer`): it imports T5X's libraries once,
 # then forks a supervisor per run, which forks the run itself and reports its
-# exit status (killing it after its timeout). The run executes the binary as `python -m` does: the module as
-# `__main__` through runpy, errors printed and turned into the exit status by
-# the interpreter, atexit handlers and thread joins at its normal exit.
+# exit status (killing it after its timeout). The run executes the binary as
+# `python -m` does: the module as `__main__` through runpy, errors printed
+# and turned into the exit status by the interpreter, atexit handlers and
+# thread joins at its normal exit.
 _SERVER = textwrap.dedent('''\
     import json, os, runpy, signal, socket, sys
     import seqio, tensorflow

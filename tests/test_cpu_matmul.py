@@ -484,7 +484,7 @@ def _x86_flags():
 # process registers one library): its instruction set, its matmul values
 # against NumPy (both forms, f32 and bf16 weights, paired / whole-vector /
 # tail columns and k, 1-12 rows) and its attention against XLA's, each with
-# row independence. CXX's flags are part of the build's cache key, so each
+# row independence, and its token choice against XLA's. CXX's flags are part of the build's cache key, so each
 # variant is its own binary.
 _VARIANT_CHECK = """
 import numpy as np, jax, jax.numpy as jnp
@@ -544,6 +544,28 @@ for dtype in (jnp.float32, jnp.bfloat16):
     for i, one in enumerate(alone):
       assert np.array_equal(np.asarray(one[:, 0], np.float32),
                             got[:, i].astype(np.float32)), (dtype, dim, i)
+# The token choice (its vectors are as wide as the build's): XLA's sampler's
+# tokens but where XLA's two best perturbed logits are within 1e-4, and
+# log-probabilities to 2e-5; greedy rows take the argmax.
+from t5x_speed import sampling
+rows, vocab = 6, 1000
+logits = jnp.asarray(3 * rng.standard_normal((rows, 2, vocab)), jnp.float32)
+rule = lambda choice: sampling.PositionKeyedSampler(
+    row_keys=jax.random.split(jax.random.PRNGKey(1), rows),
+    temperature=jnp.array([1.0, 0.7, 0.0, 1.0, 0.5, 0.0]),
+    topp=jnp.float32(0.9), use_topp=True, token_choice=choice)
+positions = jnp.arange(2 * rows, dtype=jnp.int32).reshape(rows, 2) + 3
+(kernel, kernel_lp), (xla, xla_lp) = (
+    jax.jit(rule(c).pick)(logits, positions) for c in ('kernel', 'xla'))
+xla_rule = rule('xla')
+perturbed = xla_rule.filtered(logits) + xla_rule.noise(positions, vocab)
+top2 = jax.lax.top_k(perturbed, 2)[0]
+near = np.asarray(top2[..., 0] - top2[..., 1] < 1e-4)
+differ = np.asarray(kernel) != np.asarray(xla)
+assert not (differ & ~near).any(), np.argwhere(differ)
+same = ~differ[:, -1]
+assert np.allclose(np.asarray(kernel_lp)[same], np.asarray(xla_lp)[same],
+                   atol=2e-5)
 print('ok')
 """
 
@@ -551,20 +573,33 @@ print('ok')
 @absltest.skipUnless(build.available() and _x86_flags(),
                      'no kernel, or not an x86 CPU (the variants are x86 '
                      'builds)')
-class InstructionSetVariantsTest(parameterized.TestCase):
+class InstructionSetVariantsTest(absltest.TestCase):
   """The code paths of narrower builds than the host's: AVX-512 without bf16
   pair products (which widens bf16 weights to f32), AVX2 and portable, for
-  the weight products and the attention."""
+  the weight products, the attention and the token choice.
 
-  @parameterized.parameters(
-      ('avx512', '-mno-avx512bf16', set()),
-      ('avx2', '-mno-avx512f', {'avx2', 'fma'}),
-      ('portable', '-mno-avx -mno-avx2 -mno-fma -mno-avx512f', set()))
-  def test_variant(self, isa, flags, needs):
-    cpu = _x86_flags()
-    self.assertTrue(needs <= cpu, f'an x86 CPU without {needs - cpu}')
-    if isa == 'avx512' and 'avx512f' not in cpu:
-      isa = 'avx2'  # the same flags on a CPU without AVX-512
+  Each narrower build than the host's own is built and checked; a build
+  whose code would be the host's own (AVX2 flags on an AVX2 CPU) is the
+  library every other test runs, and is not built again.
+  """
+
+  # From the widest: each ISA's extra flags for building it on a wider CPU.
+  VARIANTS = (('avx512_bf16', ''), ('avx512', '-mno-avx512bf16'),
+              ('avx2', '-mno-avx512f'),
+              ('portable', '-mno-avx -mno-avx2 -mno-fma -mno-avx512f'))
+
+  def test_every_narrower_build(self):
+    names = [name for name, _ in self.VARIANTS]
+    host = build.isa()
+    narrower = self.VARIANTS[names.index(host) + 1:]
+    self.assertIn(('portable', self.VARIANTS[-1][1]), narrower)
+    if host != 'portable' and names.index(host) < names.index('avx2'):
+      self.assertTrue({'avx2', 'fma'} <= _x86_flags())
+    for isa, flags in narrower:
+      with self.subTest(isa=isa):
+        self._check_variant(isa, flags)
+
+  def _check_variant(self, isa, flags):
     cxx = os.environ.get('CXX') or 'g++'
     # Each variant builds into a build directory of its own, and the build
     # writes nothing anywhere else (the package's folder included).

@@ -29,6 +29,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN = REPO / 't5x_speed' / 'gin'
 MODEL_FILES = sorted(f for f in (GIN / 'models').glob('*/*.gin')
                      if f.name != '__init__.gin')
+# One model file per class (family; shared or not; the demo's vocabulary)
+# also trains, scores and decodes: the others differ from theirs only in G
+# and R, which every file's built model is checked for.
+RUNS_ONE_PER_CLASS = ('decoder_only/speed_4x3.gin', 'decoder_only/base_2l.gin',
+                      'decoder_only/demo_2x3.gin',
+                      'encoder_decoder/speed_4x3.gin',
+                      'encoder_decoder/base_2l.gin')
 RUN_FILES = sorted((GIN / 'runs').glob('*.gin'))
 DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))
 # Decoding files that give greedy's tokens; the others (beam search, sampling)
@@ -108,6 +115,8 @@ class GinConfigTest(parameterized.TestCase):
   @parameterized.parameters(*[f'{f.parent.name}/{f.name}'
                               for f in MODEL_FILES])
   def test_model_file_builds_and_runs(self, name):
+    self.assertContainsSubset(
+        RUNS_ONE_PER_CLASS, [f'{f.parent.name}/{f.name}' for f in MODEL_FILES])
     run = 'pretrain_c4.gin' if 'base' in name else 'finetune_wmt_ende.gin'
     self._parse(GIN / 'models' / name, GIN / 'runs' / run)
     model = self._model()
@@ -122,15 +131,17 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(model.config.is_encoder_decoder, encoder_decoder)
     self.assertIsInstance(model, models.SpeedEncoderDecoderModel
                           if encoder_decoder else models.SpeedDecoderOnlyModel)
+    if name not in RUNS_ONE_PER_CLASS:
+      return
     batch = (th.encdec_batch(seed=1, batch=2, targets_length=12)
              if encoder_decoder else
              th.prefix_lm_batch(seed=1, batch=2, length=12))
     params = th.init_params(model, batch)
-    loss, metrics = model.loss_fn(params, batch, None)
+    loss, metrics = th.jitted(model.loss_fn)(params, batch, None)
     self.assertTrue(np.isfinite(loss))
     self.assertIn(f'exit_{r}/accuracy', metrics)
-    self.assertEqual(model.score_batch(params, batch).shape, (2,))
-    decodes, aux = model.predict_batch_with_aux(params, batch)
+    self.assertEqual(th.jitted(model.score_batch)(params, batch).shape, (2,))
+    decodes, aux = th.jitted(model.predict_batch_with_aux)(params, batch)
     self.assertEqual(decodes.shape, (2, 12))
     self.assertEqual('speed/num_steps' in aux, r > 1)
 
@@ -320,7 +331,7 @@ class GinConfigTest(parameterized.TestCase):
       model = self._model()
       if params is None:
         params = th.init_params(model, batch, seed=5)
-      decodes, aux = model.predict_batch_with_aux(params, batch)
+      decodes, aux = th.jitted(model.predict_batch_with_aux)(params, batch)
       results[name] = np.asarray(decodes)
       if name.startswith('speed'):
         np.testing.assert_array_equal(aux['speed/pipelined'],
@@ -344,8 +355,9 @@ class GinConfigTest(parameterized.TestCase):
       model = self._model()
       if params is None:
         params = th.init_params(model, batch, seed=5)
-      decodes, aux = model.predict_batch_with_aux(
-          params, batch, jax.random.PRNGKey(1), return_all_decodes=True)
+      decodes, aux = th.jitted(model.predict_batch_with_aux,
+                               return_all_decodes=True)(
+                                   params, batch, jax.random.PRNGKey(1))
       results[name] = np.asarray(decodes)
       self.assertEqual('speed/num_steps' in aux, name == 'speed', name)
     np.testing.assert_array_equal(results['speed'], results['greedy'])
@@ -361,7 +373,8 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(model.decode_fn.__name__, 'beam_search')
     batch = th.prefix_lm_batch(seed=4, batch=2, length=12)
     params = th.init_params(model, batch, seed=6)
-    self.assertEqual(model.score_batch(params, batch).shape, (2, 6))
+    self.assertEqual(th.jitted(model.score_batch)(params, batch).shape,
+                     (2, 6))
 
   @parameterized.parameters(*MULTI_DECODING_FILES)
   def test_beam_search_and_sampling_files(self, name):
@@ -373,12 +386,13 @@ class GinConfigTest(parameterized.TestCase):
     self.assertFalse(steps.takes_kv_cache(model.decode_fn))
     params = th.init_params(model, batch, seed=5)
     # The file binds num_decodes = 4 on predict_batch_with_aux.
-    decodes, aux = model.predict_batch_with_aux(
-        params, batch, jax.random.PRNGKey(0), return_all_decodes=True)
+    decodes, aux = th.jitted(model.predict_batch_with_aux,
+                             return_all_decodes=True)(
+                                 params, batch, jax.random.PRNGKey(0))
     self.assertEqual(decodes.shape, (3, 4, 12))
     self.assertTrue((np.diff(np.asarray(aux['scores']), axis=1) >= 0).all())
-    best, best_aux = model.predict_batch_with_aux(params, batch,
-                                                  jax.random.PRNGKey(0))
+    best, best_aux = th.jitted(model.predict_batch_with_aux)(
+        params, batch, jax.random.PRNGKey(0))
     np.testing.assert_array_equal(best, decodes[:, -1])
     np.testing.assert_array_equal(best_aux['scores'], aux['scores'][:, -1])
 
@@ -399,8 +413,9 @@ class GinConfigTest(parameterized.TestCase):
         self.assertEqual(model.decode_fn.__name__, 'speed_sample_decode')
         params = th.init_params(model, batch, seed=5)
       # The file binds num_decodes = NUM_SAMPLES on predict_batch_with_aux.
-      decodes[bool(flag)], aux = model.predict_batch_with_aux(
-          params, batch, jax.random.PRNGKey(4), return_all_decodes=True)
+      decodes[bool(flag)], aux = th.jitted(
+          model.predict_batch_with_aux, return_all_decodes=True)(
+              params, batch, jax.random.PRNGKey(4))
       self.assertEqual(decodes[bool(flag)].shape, (3, 3, 12))
       self.assertTrue((np.diff(np.asarray(aux['scores']), axis=1) >= 0).all())
       self.assertEqual('speed/num_steps' in aux, not flag)

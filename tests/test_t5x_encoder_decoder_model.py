@@ -35,8 +35,9 @@ class UnsharedParityTest(absltest.TestCase):
     self.assertEqual(
         jax.tree.structure(params),
         jax.tree.structure(th.init_params(ours, batch)))
-    loss, metrics = ours.loss_fn(params, batch, None)
-    t5x_loss, t5x_metrics = theirs.loss_fn(params, batch, None)
+    # Each method jitted, as T5X's binaries run them.
+    loss, metrics = th.jitted(ours.loss_fn)(params, batch, None)
+    t5x_loss, t5x_metrics = th.jitted(theirs.loss_fn)(params, batch, None)
     np.testing.assert_allclose(loss, t5x_loss, rtol=1e-6)
     # Every metric of T5X's (accuracy, losses, padding and batch sizes of
     # both token features), with the same values; timings need a duration.
@@ -46,10 +47,12 @@ class UnsharedParityTest(absltest.TestCase):
       if not name.startswith('timing/'):
         np.testing.assert_allclose(metrics[name].compute(), metric.compute(),
                                    rtol=1e-6, err_msg=name)
-    np.testing.assert_allclose(ours.score_batch(params, batch),
-                               theirs.score_batch(params, batch), rtol=1e-5)
-    decodes, aux = ours.predict_batch_with_aux(params, batch)
-    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch)
+    np.testing.assert_allclose(th.jitted(ours.score_batch)(params, batch),
+                               th.jitted(theirs.score_batch)(params, batch),
+                               rtol=1e-5)
+    decodes, aux = th.jitted(ours.predict_batch_with_aux)(params, batch)
+    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux)(params,
+                                                                    batch)
     np.testing.assert_array_equal(decodes, t5x_decodes)
     self.assertEqual(set(aux), set(t5x_aux))
 
@@ -59,18 +62,20 @@ class UnsharedParityTest(absltest.TestCase):
     theirs = th.t5x_encdec_model(num_decoder_layers=3, decode_fn=BEAM)
     params = th.init_params(theirs, batch, seed=3)
     kwargs = dict(num_decodes=3, return_all_decodes=True)
-    decodes, aux = ours.predict_batch_with_aux(params, batch, **kwargs)
-    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch,
-                                                         **kwargs)
+    decodes, aux = th.jitted(ours.predict_batch_with_aux, **kwargs)(params,
+                                                                    batch)
+    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux,
+                                     **kwargs)(params, batch)
     self.assertEqual(decodes.shape, (3, 3, 12))
     np.testing.assert_array_equal(decodes, t5x_decodes)
     np.testing.assert_allclose(aux['scores'], t5x_aux['scores'], rtol=1e-5)
     # A decoder prompt (prompts of different lengths): T5X's beam search
     # forces it from BOS, as T5X's own model runs it.
     kwargs['prompt_with_targets'] = True
-    decodes, aux = ours.predict_batch_with_aux(params, batch, **kwargs)
-    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch,
-                                                         **kwargs)
+    decodes, aux = th.jitted(ours.predict_batch_with_aux, **kwargs)(params,
+                                                                    batch)
+    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux,
+                                     **kwargs)(params, batch)
     np.testing.assert_array_equal(decodes, t5x_decodes)
     np.testing.assert_allclose(aux['scores'], t5x_aux['scores'], rtol=1e-5)
 
@@ -82,9 +87,10 @@ class SharedModelTest(parameterized.TestCase):
     self.batch = th.encdec_batch(seed=4, batch=5)
     self.params = th.init_params(th.speed_encdec_model(), self.batch, seed=5)
 
-  def _predict(self, decode_fn, **kwargs):
-    return th.speed_encdec_model(decode_fn=decode_fn).predict_batch_with_aux(
-        self.params, self.batch, **kwargs)
+  def _predict(self, decode_fn, rng=None, **kwargs):
+    model = th.speed_encdec_model(decode_fn=decode_fn)
+    return th.jitted(model.predict_batch_with_aux, **kwargs)(
+        self.params, self.batch, rng)
 
   def test_speed_greedy_and_t5x_greedy_agree(self):
     decodes, aux = self._predict(th.SPEED_PIPELINE)
@@ -139,15 +145,15 @@ class SharedModelTest(parameterized.TestCase):
 
   def test_loss_trains_every_exit(self):
     model = th.speed_encdec_model()
-    loss, metrics = model.loss_fn(self.params, self.batch, None)
+    loss, metrics = th.jitted(model.loss_fn)(self.params, self.batch, None)
     self.assertTrue(np.isfinite(loss))
     for i in (1, 2, 3):
       self.assertIn(f'exit_{i}/loss', metrics)
       self.assertIn(f'exit_{i}/accuracy', metrics)
-    scores = th.speed_encdec_model(score_all_exits=True).score_batch(
+    scores = th.jitted(th.speed_encdec_model(score_all_exits=True).score_batch)(
         self.params, self.batch)
     self.assertEqual(scores.shape, (5, 3))
-    np.testing.assert_allclose(scores[:, -1], model.score_batch(
+    np.testing.assert_allclose(scores[:, -1], th.jitted(model.score_batch)(
         self.params, self.batch), rtol=1e-6)
 
   def test_bad_module(self):

@@ -71,16 +71,18 @@ class UnsharedParityTest(parameterized.TestCase):
     theirs = th.t5x_model(num_layers=3, bidirectional=bidirectional)
     batch = th.prefix_lm_batch(seed=1)
     params = th.init_params(theirs, batch)
-    loss, metrics = ours.loss_fn(params, batch, None)
-    t5x_loss, t5x_metrics = theirs.loss_fn(params, batch, None)
+    loss, metrics = th.jitted(ours.loss_fn)(params, batch, None)
+    t5x_loss, t5x_metrics = th.jitted(theirs.loss_fn)(params, batch, None)
     np.testing.assert_allclose(loss, t5x_loss, rtol=1e-6)
     for name in ('accuracy', 'loss', 'z_loss', 'cross_ent_loss'):
       np.testing.assert_allclose(metrics[name].compute(),
                                  t5x_metrics[name].compute(), rtol=1e-6)
-    np.testing.assert_allclose(ours.score_batch(params, batch),
-                               theirs.score_batch(params, batch), rtol=1e-5)
-    decodes, aux = ours.predict_batch_with_aux(params, batch)
-    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch)
+    np.testing.assert_allclose(th.jitted(ours.score_batch)(params, batch),
+                               th.jitted(theirs.score_batch)(params, batch),
+                               rtol=1e-5)
+    decodes, aux = th.jitted(ours.predict_batch_with_aux)(params, batch)
+    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux)(params,
+                                                                    batch)
     np.testing.assert_array_equal(decodes, t5x_decodes)
     self.assertEqual(set(aux), {'scores'})
 
@@ -92,7 +94,7 @@ class SharedModelTest(parameterized.TestCase):
     batch = th.prefix_lm_batch(seed=2, batch=5)
     speed = th.speed_model(bidirectional=bidirectional)
     params = th.init_params(speed, batch, seed=3)
-    decodes, aux = speed.predict_batch_with_aux(params, batch)
+    decodes, aux = th.jitted(speed.predict_batch_with_aux)(params, batch)
     greedy_decodes, greedy_aux = th.speed_model(
         decode_fn=decoding.greedy_decode, bidirectional=bidirectional
     ).predict_batch_with_aux(params, batch)
@@ -117,13 +119,14 @@ class SharedModelTest(parameterized.TestCase):
     batch = th.prefix_lm_batch(seed=2, batch=5)
     speed = th.speed_model(decode_fn=decoding.speed_decode)
     params = th.init_params(speed, batch, seed=3)
-    decodes, aux = speed.predict_batch_with_aux(params, batch)
+    decodes, aux = th.jitted(speed.predict_batch_with_aux)(params, batch)
     greedy = th.speed_model(decode_fn=decoding.greedy_decode)
-    np.testing.assert_array_equal(decodes, greedy.predict_batch(params, batch))
+    np.testing.assert_array_equal(
+        decodes, th.jitted(greedy.predict_batch)(params, batch))
     np.testing.assert_array_equal(aux['speed/pipelined'], np.zeros(5))
     np.testing.assert_array_equal(aux['speed/num_steps'],
                                   aux['speed/num_tokens'])
-    _, aux = th.speed_model().predict_batch_with_aux(params, batch)
+    _, aux = th.jitted(th.speed_model().predict_batch_with_aux)(params, batch)
     np.testing.assert_array_equal(aux['speed/pipelined'], np.ones(5))
 
   def test_speculative_shortlist_through_the_model(self):
@@ -131,14 +134,15 @@ class SharedModelTest(parameterized.TestCase):
     short = th.speed_model(speculative_vocab_size=9)
     params = th.init_params(short, batch, seed=8)
     greedy = th.speed_model(decode_fn=decoding.greedy_decode)
-    np.testing.assert_array_equal(short.predict_batch(params, batch),
-                                  greedy.predict_batch(params, batch))
+    np.testing.assert_array_equal(
+        th.jitted(short.predict_batch)(params, batch),
+        th.jitted(greedy.predict_batch)(params, batch))
 
   def test_jitted_predict(self):
     batch = th.prefix_lm_batch(seed=4)
     model = th.speed_model()
     params = th.init_params(model, batch)
-    eager = model.predict_batch(params, batch)
+    eager = model.predict_batch(params, batch)  # eager, against jit
     jitted = jax.jit(model.predict_batch)(params, batch)
     np.testing.assert_array_equal(eager, jitted)
 
@@ -146,8 +150,8 @@ class SharedModelTest(parameterized.TestCase):
     batch = th.prefix_lm_batch(seed=5)
     model = th.speed_model(exit_weighting='linear')
     params = th.init_params(model, batch)
-    loss, metrics = model.loss_fn(params, batch, None)
-    exit_logits = model._compute_logits(params, batch)
+    loss, metrics = th.jitted(model.loss_fn)(params, batch, None)
+    exit_logits = th.jitted(model._compute_logits)(params, batch)
     self.assertEqual(exit_logits.shape[0], 3)
     expected, _, per_exit, _ = losses.multi_exit_cross_entropy(
         exit_logits, batch['decoder_target_tokens'],
@@ -170,7 +174,8 @@ class SharedModelTest(parameterized.TestCase):
     # each logged; the paper's loss is unchanged underneath.
     agreeing = th.speed_model(exit_weighting='linear', exit_agreement=0.5,
                               exit_agreement_target='argmax')
-    agreeing_loss, agreeing_metrics = agreeing.loss_fn(params, batch, None)
+    agreeing_loss, agreeing_metrics = th.jitted(agreeing.loss_fn)(
+        params, batch, None)
     agreement = losses.exit_agreement(
         exit_logits, batch['decoder_loss_weights'], 'argmax')
     self.assertGreater(float(agreement.min()), 0.0)
@@ -185,7 +190,8 @@ class SharedModelTest(parameterized.TestCase):
           rtol=1e-6)
     self.assertNotIn('exit_3/agreement', agreeing_metrics)
     self.assertNotIn('exit_1/agreement', metrics)
-    grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
+    grads = jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, None)[0]))(
+        params)
     self.assertEqual(sorted(grads['decoder']),
                      ['decoder_norm', 'layers_0', 'layers_1', 'relpos_bias',
                       'token_embedder'])
@@ -195,17 +201,17 @@ class SharedModelTest(parameterized.TestCase):
     final = th.speed_model()
     every = th.speed_model(score_all_exits=True)
     params = th.init_params(final, batch)
-    scores = every.score_batch(params, batch)
+    scores = th.jitted(every.score_batch)(params, batch)
     self.assertEqual(scores.shape, (4, 3))
-    np.testing.assert_allclose(scores[:, -1], final.score_batch(params, batch),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        scores[:, -1], th.jitted(final.score_batch)(params, batch), rtol=1e-6)
     # The final-exit score is minus the (unsmoothed, z-loss-free) loss.
-    logits = final._compute_logits(params, batch)[-1]
+    logits = th.jitted(final._compute_logits)(params, batch)[-1]
     nll = -jnp.take_along_axis(jax.nn.log_softmax(logits),
                                batch['decoder_target_tokens'][..., None],
                                -1)[..., 0]
     np.testing.assert_allclose(
-        final.score_batch(params, batch),
+        th.jitted(final.score_batch)(params, batch),
         -(nll * batch['decoder_loss_weights']).sum(-1), rtol=1e-5)
     _, intermediates = final.score_batch(params, batch,
                                          return_intermediates=True)
@@ -252,13 +258,15 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     theirs._decode_fn = BEAM  # pylint: disable=protected-access
     params = th.init_params(theirs, batch, seed=12)
     kwargs = dict(num_decodes=4, return_all_decodes=True)
-    decodes, aux = ours.predict_batch_with_aux(params, batch, **kwargs)
-    t5x_decodes, t5x_aux = theirs.predict_batch_with_aux(params, batch,
-                                                         **kwargs)
+    decodes, aux = th.jitted(ours.predict_batch_with_aux, **kwargs)(params,
+                                                                    batch)
+    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux,
+                                     **kwargs)(params, batch)
     self.assertEqual(decodes.shape, (5, 4, 16))
     np.testing.assert_array_equal(decodes, t5x_decodes)
     np.testing.assert_allclose(aux['scores'], t5x_aux['scores'], rtol=1e-5)
-    best, best_aux = ours.predict_batch_with_aux(params, batch, num_decodes=4)
+    best, best_aux = th.jitted(ours.predict_batch_with_aux, num_decodes=4)(
+        params, batch)
     np.testing.assert_array_equal(best, t5x_decodes[:, -1])
     np.testing.assert_allclose(best_aux['scores'], t5x_aux['scores'][:, -1],
                                rtol=1e-5)
@@ -280,15 +288,16 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     rows, index = _continuations(batch, decodes)
     checked = [i for i, (b, k) in enumerate(index) if finished[b, k]]
     self.assertGreaterEqual(len(checked), 3)
-    expected = model.score_batch(params, rows)
+    expected = th.jitted(model.score_batch)(params, rows)
     for i in checked:
       b, k = index[i]
       self.assertAlmostEqual(float(scores[b, k]), float(expected[i]),
                              delta=1e-4 * max(1.0, abs(float(expected[i]))))
     # The best beam is at least as likely as the greedy (SPEED) decode.
-    greedy = th.speed_model().predict_batch(params, batch)
-    greedy_rows, greedy_index = _continuations(batch, np.asarray(greedy)[:, None])
-    greedy_scores = model.score_batch(params, greedy_rows)
+    greedy = th.jitted(th.speed_model().predict_batch)(params, batch)
+    greedy_rows, greedy_index = _continuations(batch,
+                                               np.asarray(greedy)[:, None])
+    greedy_scores = th.jitted(model.score_batch)(params, greedy_rows)
     compared = [i for i, (b, _) in enumerate(greedy_index) if finished[b, -1]]
     self.assertNotEmpty(compared)
     for i in compared:
@@ -314,7 +323,7 @@ class T5XDecodeFnsTest(parameterized.TestCase):
         len({tuple(np.asarray(d)) for d in decodes.reshape(16, 16)}), 8)
     rows, index = _continuations(batch, decodes)
     self.assertGreaterEqual(len(index), 8)
-    expected = model.score_batch(params, rows)
+    expected = th.jitted(model.score_batch)(params, rows)
     for i, (b, k) in enumerate(index):
       self.assertAlmostEqual(float(aux['scores'][b, k]), float(expected[i]),
                              delta=1e-4 * max(1.0, abs(float(expected[i]))))
@@ -353,9 +362,9 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     speed = th.speed_model()
     params = th.init_params(speed, batch, seed=18)
     sampler = th.speed_model(decode_fn=th.T5X_GREEDY)
-    decodes, _ = sampler.predict_batch_with_aux(
-        params, batch, num_decodes=3, return_all_decodes=True)
-    expected = speed.predict_batch(params, batch)
+    decodes, _ = th.jitted(sampler.predict_batch_with_aux, num_decodes=3,
+                           return_all_decodes=True)(params, batch)
+    expected = th.jitted(speed.predict_batch)(params, batch)
     for k in range(3):
       np.testing.assert_array_equal(decodes[:, k], expected)
 
@@ -365,13 +374,13 @@ class T5XDecodeFnsTest(parameterized.TestCase):
     model = th.speed_model(decode_fn=decode_fn)
     params = th.init_params(model, batch)
     with self.assertRaisesRegex(ValueError, 'would sample'):
-      model.predict_batch_with_aux(
-          params, batch, decoder_params={'temperature': 0.7, 'topk': 5})
+      th.jitted(model.predict_batch_with_aux, decoder_params={
+          'temperature': 0.7, 'topk': 5})(params, batch)
     # Values with which T5X's sampler is greedy too are accepted.
     np.testing.assert_array_equal(
-        model.predict_batch_with_aux(params, batch, decoder_params={
-            'temperature': 0.0, 'topk': 5})[0],
-        model.predict_batch(params, batch))
+        th.jitted(model.predict_batch_with_aux, decoder_params={
+            'temperature': 0.0, 'topk': 5})(params, batch)[0],
+        th.jitted(model.predict_batch)(params, batch))
 
   def test_which_decode_fns_take_the_kv_cache(self):
     self.assertTrue(steps.takes_kv_cache(decoding.greedy_decode))
@@ -415,10 +424,11 @@ class T5XDecodeFnsTest(parameterized.TestCase):
 
   def test_t5x_cache_expands_and_reorders_per_example(self):
     # T5X's helpers on the T5X-form cache move whole examples: batch axis 1.
-    cache = th.speed_model().module.apply(
+    module = th.speed_model().module
+    cache = jax.jit(functools.partial(module.apply, method='prefill'))(
         {'params': th.init_params(th.speed_model(), th.prefix_lm_batch())},
-        jnp.arange(12, dtype=jnp.int32).reshape(2, 6) + 2, jnp.array([3, 5]),
-        method='prefill')[1]
+        jnp.arange(12, dtype=jnp.int32).reshape(2, 6) + 2,
+        jnp.array([3, 5]))[1]
     t5x_cache = steps.to_t5x_cache(cache, jnp.array([3, 5]))
     expanded = t5x_decoding.cache_map(functools.partial(
         t5x_decoding.flat_batch_beam_expand, beam_size=3,

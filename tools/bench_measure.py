@@ -268,12 +268,15 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
       sources[r] = replay.demo_schedule_source(
           r, args.demo_out, args.replay_steps, log=log, quiet=progress.quiet)
     low, high = LENGTHS[length]
-    prompts, lengths, _ = demo_model.held_out(
+    prompts, lengths, targets = demo_model.held_out(
         PROMPTS, split='test', min_numbers=low, max_numbers=high)
     log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
     recs = [replay.record(sources[r], prompts[i:i + batch],
                           lengths[i:i + batch])
             for i in range(0, PROMPTS, batch)]
+    # What the replayed model learned: its outputs on these prompts.
+    recs[0]['exact_match'] = demo_model.exact_match(
+        [row for rec in recs for row in rec['produced']], targets)
     if args.records:
       replay.save_records(args.records, key, recs)
   if args.encoder_layers:
@@ -329,5 +332,6 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
                      'steps_per_token': sum(
                          rec['summary']['example_steps'] for rec in recs) /
                                         tokens,
-                     'flip_rate': flips},
+                     'flip_rate': flips,
+                     'exact_match': recs[0].get('exact_match')},
           'methods': rows}

@@ -70,9 +70,13 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
   for res in results:
     flips = ', '.join(f'{k.split("/")[1]} {v:.1%}'
                       for k, v in res['replay']['flip_rate'].items())
+    exact = res['replay'].get('exact_match')
+    learned = ('' if exact is None else
+               f'; the replayed model decodes {exact:.0%} of these prompts '
+               'exactly right')
     lines.append(f'- {res["config"]} batch {res["batch"]} {res["length"]}: '
                  f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
-                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}' +
+                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}{learned}' +
                  _probes(res.get('bandwidth_probes_gb_s')))
   return '\n'.join(lines)
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import network
+from tools import common
 from tools import trainer
 
 # `t5x_speed.tasks.DEMO_TASK` and `DEMO_SEQUENCE_LENGTH`, which import
@@ -191,6 +192,14 @@ def held_out(count: int, split: str = 'validation', min_numbers: int = 1,
   for i, p in enumerate(prompts):
     padded[i, :len(p)] = p
   return padded, np.array([len(p) for p in prompts], np.int32), targets
+
+
+def exact_match(produced, targets: List[str]) -> float:
+  """The share of decoded rows (token ids, EOS-terminated) whose text is
+  the target's."""
+  vocab = task().output_features['targets'].vocabulary
+  texts = [vocab.decode(common.tokens_until_eos(row)) for row in produced]
+  return float(np.mean([p == t for p, t in zip(texts, targets)]))
 
 
 def exit_consistency(settings: DemoSettings, params, examples: int = 256

@@ -130,7 +130,7 @@ def draw_params(shapes, rng: np.random.Generator, gains: np.ndarray):
 
 class Compiled:
   """The jitted functions of one group, each over a leading case axis:
-  greedy and speed (`decoding.DecodeResult`s), forward (the uncached pass's
+  greedy and speed (`results.DecodeResult`s), forward (the uncached pass's
   argmax and top-2 logits); and `shapes`, its parameters' shapes, for
   `draw_params`."""
 

@@ -10,7 +10,7 @@ prediction (`replay_decoder`, or `replay_prefill` and `replay_decode` to time
 the two parts apart). The wide model thus takes exactly the recorded loop
 steps and flushes; sequential decoding is forced to the same tokens.
 
-Every replay returns a `decoding.DecodeResult` (stats None for the
+Every replay returns a `results.DecodeResult` (stats None for the
 sequential methods). Recorded schedules can be saved to a JSON file and
 replayed elsewhere (`save_records`, `load_records`): on a machine without
 seqio or TensorFlow, or to time a GPU on a CPU's recording.
@@ -99,6 +99,7 @@ def replay_record(out: inference.Generation, prompts: np.ndarray,
     start = int(lengths[b]) + 1
     by_position[b, start:start + produced.shape[1]] = produced[b]
   return {'prompts': prompts, 'lengths': lengths, 'by_position': by_position,
+          'produced': produced,
           'predictions': np.asarray(out.schedule.predictions),
           'summary': out.stats.summary(),
           'row_tokens': np.asarray(out.stats.num_tokens),
