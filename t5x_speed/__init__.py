@@ -7,8 +7,9 @@ The names a user needs; the modules hold the rest:
   >>> cfg.num_layers
   12
 
-`SpeedDecoderOnlyModel` and `SpeedEncoderDecoderModel` (T5X models) are
-imported on first use: they need T5X, which nothing else here does.
+`t5x_speed.SpeedDecoderOnlyModel` and `t5x_speed.SpeedEncoderDecoderModel`
+(T5X models) are imported on first use: they need T5X, which nothing else
+here does (so `from t5x_speed import *` leaves them out).
 """
 
 import importlib
@@ -30,8 +31,7 @@ __version__ = '0.1.0'
 __all__ = ['TransformerConfig', 'SpeedTransformer', 'SpeedEncoderDecoder',
            'generate', 'Generation', 'DecodeResult', 'SpeedStats',
            'speed_decode', 'greedy_decode', 'speed_sample_decode',
-           'sample_decode', 'SpeedDecoderOnlyModel',
-           'SpeedEncoderDecoderModel']
+           'sample_decode']
 
 _T5X_MODELS = ('SpeedDecoderOnlyModel', 'SpeedEncoderDecoderModel')
 

@@ -101,14 +101,17 @@ def decode_fn_spec(decode_fn: Callable[..., Any]) -> Optional[DecodeFnSpec]:
   """The `DecodeFnSpec` declared on `decode_fn` (or, for a
   `functools.partial`, on the function it binds); None if none is.
 
+  The declaration is the function's own attribute: wrappers that do not
+  copy it (`functools.wraps` and gin's configurable do) declare nothing.
+
   Example:
     >>> decode_fn_spec(functools.partial(speed_decode, max_decode_steps=3))
     DecodeFnSpec(pipelined=True, kv_cache=True)
     >>> decode_fn_spec(print) is None
     True
   """
-  if isinstance(decode_fn, functools.partial):
-    decode_fn = decode_fn.func  # Python flattens nested partials
+  while isinstance(decode_fn, functools.partial):
+    decode_fn = decode_fn.func
   spec = getattr(decode_fn, _SPEC_ATTRIBUTE, None)
   return spec if isinstance(spec, DecodeFnSpec) else None
 
@@ -138,10 +141,7 @@ def decode(decode_fn: Callable[..., Any], *, record_schedule: bool = False,
       what `decode_fn` raises.
   """
   spec = decode_fn_spec(decode_fn)
-  if not isinstance(record_schedule, bool):
-    raise ValueError(f'record_schedule must be a bool, got '
-                     f'{record_schedule!r}.')
-  if record_schedule:
+  if decode_args.check_bool('record_schedule', record_schedule):
     if not (spec is not None and spec.pipelined):
       raise ValueError(
           'record_schedule needs a SPEED decode fn (decoding.speed_decode or '

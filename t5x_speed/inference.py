@@ -205,7 +205,7 @@ def _check_encoder_inputs(module: Any, tokens: Optional[Array]
     raise ValueError('encoder_input_tokens must be [batch, enc_len] integers, '
                      f'got shape {tokens.shape} and dtype {tokens.dtype}.')
   decode_args.check_token_range(tokens, module.config.vocab_size,
-                             name='encoder_input_tokens')
+                                name='encoder_input_tokens')
   return tokens
 
 
@@ -347,7 +347,7 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
                      ('check_params', check_params)):
     decode_args.check_bool(name, flag)
   decode_args.check_token_range(prompts, module.config.vocab_size,
-                             prompt_lengths, name='prompts')
+                                prompt_lengths, name='prompts')
   if check_params:
     check_finite(params)
   if method in SAMPLING_METHODS:

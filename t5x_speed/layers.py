@@ -50,7 +50,8 @@ _MOVE_BITS = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16),
 
 default_kernel_init = nn.initializers.variance_scaling(
     1.0, 'fan_in', 'truncated_normal')
-attention_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal')
+attention_kernel_init = nn.initializers.variance_scaling(1.0, 'fan_in',
+                                                         'normal')
 
 
 def _per_row(x: Array, batch_ndim: int, row_fn) -> Array:

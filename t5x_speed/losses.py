@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ['exit_weights', 'multi_exit_cross_entropy', 'exit_agreement',
-           'check_exit_agreement', 'exit_statistics', 'cross_entropy_with_logits',
-           'weighted_cross_entropy', 'ExitWeighting', 'WEIGHTING_SCHEMES',
-           'AGREEMENT_TARGETS']
+           'check_exit_agreement', 'exit_statistics',
+           'cross_entropy_with_logits', 'weighted_cross_entropy',
+           'ExitWeighting', 'WEIGHTING_SCHEMES', 'AGREEMENT_TARGETS']
 
 Array = jax.Array
 ExitWeighting = Union[str, Sequence[float]]
@@ -145,7 +145,8 @@ def weighted_cross_entropy(
     loss, z_term = loss * weights, z_term * weights
     weight_sum = jnp.sum(weights)
   if loss_normalizing_factor is not None:
-    loss, z_term = loss / loss_normalizing_factor, z_term / loss_normalizing_factor
+    loss = loss / loss_normalizing_factor
+    z_term = z_term / loss_normalizing_factor
   return jnp.sum(loss), jnp.sum(z_term), weight_sum
 
 
@@ -254,7 +255,8 @@ def exit_agreement(
 
 
 def exit_statistics(exit_logits: Array, targets: Array,
-                    weights: Optional[Array] = None) -> Dict[str, Tuple[Array, Array]]:
+                    weights: Optional[Array] = None
+                    ) -> Dict[str, Tuple[Array, Array]]:
   """Per-exit accuracy and consecutive-exit flips, as (total, count) pairs.
 
   `exit_i/flip_rate` is the fraction of (weighted) tokens whose argmax at exit

@@ -388,7 +388,7 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
     encoder_input_tokens = batch['encoder_input_tokens']
     decoder_input_tokens = batch['decoder_input_tokens']
     decode_args.check_token_range(encoder_input_tokens, self.config.vocab_size,
-                               name='encoder_input_tokens')
+                                  name='encoder_input_tokens')
     if prompt_with_targets:
       inputs = decoder_input_tokens * (
           decoder_input_tokens != self.output_vocabulary.eos_id)

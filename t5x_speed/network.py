@@ -8,7 +8,7 @@ T5X's network, parameter for parameter.
 Decoding uses an explicit `KVCache` holding one cache per *virtual* layer
 (R*G of them), written at absolute positions. Three cached calls exist:
 
-* `prefill`: a prefix through all stages, caching it, with the exits' logits at
+* `prefill`: a prefix through all stages, cached, with the exits' logits at
   the last prefix position;
 * `decode_step`: one token per example through all G*R virtual layers (greedy);
 * `speed_step`: R slots per example, slot s holding a token at stage s (its
@@ -16,10 +16,9 @@ Decoding uses an explicit `KVCache` holding one cache per *virtual* layer
   token reached in the previous step), all run through the G shared layers in
   one pass over B*R rows; slot s reads and writes the caches of stage s only.
 
-The same `Decoder` is the decoder of `encoder_decoder.SpeedEncoderDecoder`:
-there each layer also attends to the encoder's output, whose keys and values
-the prefill computes once and keeps in the `KVCache`, so both steps (and
-every decode fn) serve both model families.
+`Decoder` is also `encoder_decoder.SpeedEncoderDecoder`'s decoder, whose
+layers attend to the encoder's output (its keys and values cached by the
+prefill): both steps, and every decode fn, serve both model families.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -45,10 +44,11 @@ import numpy as np
 from t5x_speed import blocks
 from t5x_speed import cpu
 from t5x_speed import layers
-from t5x_speed.config import SharingOrder, TransformerConfig  # pylint: disable=unused-import
+# Gin binds the architecture as `network.TransformerConfig`.
+from t5x_speed.config import TransformerConfig
 
 __all__ = ['SpeedTransformer', 'Decoder', 'KVCache', 'TransformerConfig',
-           'SharingOrder', 'make_attention_mask', 'step_numerics']
+           'make_attention_mask', 'step_numerics']
 
 Array = jax.Array
 
@@ -226,22 +226,20 @@ class Decoder(nn.Module):
     Each row masks the keys after its *own* position.
     """
     visible = jnp.arange(length) <= positions[..., None]        # [b, s, len]
-    mask_bias = jnp.where(visible, 0.0, layers.NEG_INF).astype(self.config.dtype)
+    mask_bias = jnp.where(visible, 0.0,
+                          layers.NEG_INF).astype(self.config.dtype)
     return self.relpos_bias.at(positions, length) + mask_bias[:, :, None, :]
 
   # -- training / scoring ----------------------------------------------------
 
-  def __call__(self,
-               decoder_input_tokens: Array,
+  def __call__(self, decoder_input_tokens: Array,
                decoder_target_tokens: Array,
                decoder_segment_ids: Optional[Array] = None,
                decoder_positions: Optional[Array] = None,
-               decoder_causal_attention: Optional[Array] = None,
-               *,
+               decoder_causal_attention: Optional[Array] = None, *,
                encoded: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None,
-               enable_dropout: bool = True,
-               all_exits: bool = True) -> Array:
+               enable_dropout: bool = True, all_exits: bool = True) -> Array:
     """Teacher-forced logits of every exit.
 
     Args:

@@ -39,19 +39,21 @@ Example (SPEED sampling equals sequential sampling, sample by sample):
   ...     head_dim=4, mlp_dim=16, num_unique_layers=2, num_repeats=3)
   >>> module = network.SpeedTransformer(cfg)
   >>> tokens = jnp.ones((1, 4), jnp.int32)
-  >>> bound = steps.BoundSteps(module, module.init(
-  ...     jax.random.PRNGKey(0), tokens, tokens, enable_dropout=False)['params'])
+  >>> params = module.init(jax.random.PRNGKey(0), tokens, tokens,
+  ...                      enable_dropout=False)['params']
+  >>> bound = steps.BoundSteps(module, params)
   >>> inputs = jnp.array([[0, 3, 4, 0, 0, 0, 0, 0]])   # BOS, prompt, room
   >>> lengths = jnp.array([2])
   >>> cache = bound.prefill(inputs, lengths)
-  >>> decodes = {fn.__name__: fn(
+  >>> results = {fn.__name__: fn(
   ...     **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=1,
-  ...     decode_rng=jax.random.PRNGKey(7), temperature=1.0,
-  ...     num_decodes=3).sequences
+  ...     decode_rng=jax.random.PRNGKey(7), temperature=1.0, num_decodes=2)
   ...            for fn in (sample_decode, speed_sample_decode)}
-  >>> decodes['sample_decode'].shape
-  (1, 3, 8)
-  >>> bool((decodes['sample_decode'] == decodes['speed_sample_decode']).all())
+  >>> speed, sequential = (results['speed_sample_decode'],
+  ...                      results['sample_decode'])
+  >>> speed.sequences.shape, speed.pipelined   # 2 samples x R = 6 rows
+  ((1, 2, 8), True)
+  >>> bool((speed.sequences == sequential.sequences).all())
   True
 """
 

@@ -49,7 +49,8 @@ def checkpoint_step(checkpoint_path: str) -> int:
 
 
 def total_steps(checkpoint_path: str, finetune_steps: int) -> int:
-  """The step a finetuning run ends at: the checkpoint's step + `finetune_steps`.
+  """The step a finetuning run ends at: the checkpoint's step plus
+  `finetune_steps`.
 
   Unlike T5X's `relative_steps` (counted from whatever checkpoint a restarted
   job resumes from), this total stays the same when a preempted run restarts

@@ -56,6 +56,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_speed import cpu
 from t5x_speed import decode_args
@@ -199,8 +200,9 @@ def check_causal_attention(config: network.TransformerConfig,
   attending bidirectionally) is asked of an encoder-decoder model, whose
   decoder attends causally (T5's); every decode starts through here
   (`BoundSteps.prefill`, `inference.prepare`, `inference.generate`)."""
-  if config.is_encoder_decoder and causal_attention is not None and (
-      causal_attention is not False):
+  given = not (causal_attention is None or (
+      isinstance(causal_attention, (bool, np.bool_)) and not causal_attention))
+  if config.is_encoder_decoder and given:
     raise ValueError(
         f'{name}: a prefix-LM region (bidirectional attention over the '
         'prompt) is for decoder-only models; an encoder-decoder model\'s '

@@ -35,8 +35,8 @@ take as arguments:
 * `max_speculative_rows(value)`: how many rows (batch x R) SPEED's pipeline
   takes before its decode fns use the full-depth step (same tokens).
 
-Only this module asks which platform JAX runs on and whether the library is
-built.
+Only this module chooses: the kernels' own modules fall back to XLA's ops
+where the library is not built, but never pick an implementation.
 
 Example:
   >>> numerics = DecodeNumerics(kernel=False, row_matvecs=4)
@@ -55,15 +55,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from t5x_speed.config import DECODE_MATMULS
 from t5x_speed.config import check_decode_matmul
 from t5x_speed.config import check_kernel_threads
 from t5x_speed.cpu import build
 from t5x_speed.cpu import matmul
 
 __all__ = ['DecodeNumerics', 'Matmul', 'decode_numerics', 'token_kernel',
-           'max_speculative_rows', 'TOKEN_CHOICES', 'MATVEC_MAX_ROWS',
-           'CPU_MAX_SPECULATIVE_ROWS', 'DECODE_MATMULS']
+           'check_token_choice', 'max_speculative_rows', 'TOKEN_CHOICES',
+           'MATVEC_MAX_ROWS', 'CPU_MAX_SPECULATIVE_ROWS']
 
 # Per-row GEMVs: at most this many rows, and weights of at most this many
 # elements (16 MiB of float32, within a CPU's last-level cache).

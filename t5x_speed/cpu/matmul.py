@@ -41,9 +41,9 @@ Array = jax.Array
 
 # Rows up to which `matmul` uses the kernel. The kernel's advantage, one
 # weight read for all rows, shrinks as rows grow while XLA's GEMM amortises
-# its weight packing over them (in float32 it catches up first). The bound still covers
-# SPEED's batch * R rows at the batch sizes it serves, where the kernel's row
-# independence is what keeps SPEED's products bit-identical to greedy's.
+# its weight packing over them (in float32 it catches up first). The bound
+# still covers SPEED's batch * R rows at the batch sizes it serves, where the
+# kernel's row independence keeps SPEED's products bit-identical to greedy's.
 MAX_ROWS = 64
 
 _TARGETS = {False: 't5x_speed_rowmatmul', True: 't5x_speed_rowmatmul_nt'}

@@ -1,1 +1,2 @@
-"""Gin configs, importable so that gin resolves `t5x_speed/gin/...` from any working directory."""
+"""Gin configs, importable so that gin resolves `t5x_speed/gin/...` from any
+working directory."""

@@ -27,7 +27,8 @@ MAX_NUMBER = 100_000
 SPLIT_SIZES = {'train': 200_000, 'validation': 2_000, 'test': 2_000}
 
 _ONES = ('zero one two three four five six seven eight nine ten eleven twelve '
-         'thirteen fourteen fifteen sixteen seventeen eighteen nineteen').split()
+         'thirteen fourteen fifteen sixteen seventeen eighteen '
+         'nineteen').split()
 _TENS = ('', '', 'twenty', 'thirty', 'forty', 'fifty', 'sixty', 'seventy',
          'eighty', 'ninety')
 

@@ -247,8 +247,8 @@ def register_tasks(vocabulary: Optional[VocabularyOrPath] = None,
 
   Args:
     vocabulary: a seqio vocabulary or the path of a SentencePiece model
-      (read on first use), for both features; None is `default_vocabulary()` ($T5X_SPEED_VOCAB, else
-      T5's model).
+      (read on first use), for both features; None is
+      `default_vocabulary()` ($T5X_SPEED_VOCAB, else T5's model).
     paragraph_data_dir: directory of the paragraph-level Paracrawl files;
       None reads $T5X_SPEED_PARACRAWL_PARAGRAPH_DIR when the data is read.
     tfds_data_dir: TFDS data directory of the TFDS tasks; None uses seqio's

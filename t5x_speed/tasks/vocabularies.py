@@ -5,7 +5,7 @@ fails on first use with a cloud-metadata error from deep inside TensorFlow;
 `SentencePieceVocabulary` here fails with `VocabularyNotReadableError`
 instead, which names the file and the two settings that replace it: the
 environment variable T5X_SPEED_VOCAB (read by `t5x_speed.tasks`) and the gin
-macro SENTENCEPIECE_MODEL (read by t5x_speed/gin/models/decoder_only/__init__.gin).
+macro SENTENCEPIECE_MODEL (set in t5x_speed/gin/common/speed_model.gin).
 """
 
 import os
@@ -38,8 +38,9 @@ class VocabularyNotReadableError(FileNotFoundError):
 def vocabulary_path() -> str:
   """The model file in $T5X_SPEED_VOCAB if set, else T5's on GCS.
 
-  Read when called: t5x_speed/gin/models/decoder_only/__init__.gin calls it when the model's
-  vocabulary is built, `t5x_speed.tasks` when the package is imported.
+  Read when called: t5x_speed/gin/common/speed_model.gin calls it when the
+  model's vocabulary is built, `t5x_speed.tasks` when the package is
+  imported.
   """
   return os.environ.get(VOCAB_ENV_VAR) or DEFAULT_VOCAB_PATH
 
