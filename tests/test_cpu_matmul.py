@@ -484,8 +484,8 @@ def _x86_flags():
 # process registers one library): its instruction set, its matmul values
 # against NumPy (both forms, f32 and bf16 weights, paired / whole-vector /
 # tail columns and k, 1-12 rows) and its attention against XLA's, each with
-# row independence, and its token choice against XLA's. CXX's flags are part of the build's cache key, so each
-# variant is its own binary.
+# row independence, and its token choice against XLA's. CXX's flags are part
+# of the build's cache key, so each variant is its own binary.
 _VARIANT_CHECK = """
 import numpy as np, jax, jax.numpy as jnp
 from t5x_speed.cpu import build, matmul as r

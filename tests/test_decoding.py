@@ -173,6 +173,11 @@ class DecodeResultTest(absltest.TestCase):
         (jax.tree_util.Partial(decoding.greedy_decode, eos_id=1), greedy),
         (functools.partial(functools.partial(wrapper, eos_id=1)), speed)):
       self.assertEqual(decoding.decode_fn_spec(fn), spec, fn)
+    # A partial of a partial that Python does not flatten (it has attributes
+    # of its own) binds the same fn.
+    tagged = functools.partial(decoding.speed_decode, max_decode_steps=2)
+    tagged.note = 'tagged'
+    self.assertEqual(decoding.decode_fn_spec(functools.partial(tagged)), speed)
     # Nothing is looked for beyond the fn itself: a wrapper that does not
     # carry the declaration declares nothing.
     bare = lambda **kwargs: decoding.speed_decode(**kwargs)
@@ -219,9 +224,9 @@ class ArgmaxTest(parameterized.TestCase):
 
   def test_docstring_example(self):
     runner = doctest.DocTestRunner()
+    globs = {'jnp': jnp, 'argmax': token_rules.argmax}
     for test in doctest.DocTestFinder().find(token_rules.argmax, 'argmax',
-                                             globs={'jnp': jnp,
-                                                    'argmax': token_rules.argmax}):
+                                             globs=globs):
       runner.run(test)
     self.assertGreater(runner.tries, 0)
     self.assertEqual(runner.failures, 0)

@@ -62,6 +62,17 @@ class InstalledPackageTest(absltest.TestCase):
     self.assertIn('t5x_speed/tasks/__init__.py', names)
     self.assertEmpty([n for n in names if n.startswith(('tools/', 'tests/'))])
 
+  def test_star_import_needs_no_t5x(self):
+    # The package's names, but for the T5X models (imported on first use).
+    out = self._run(
+        'import sys\n'
+        'sys.modules["t5x"] = None  # as where T5X is not installed\n'
+        'from t5x_speed import *\n'
+        'print(sorted(k for k in dir() if not k.startswith("_")))\n')
+    self.assertIn("'generate'", out)
+    self.assertIn("'speed_decode'", out)
+    self.assertNotIn('SpeedDecoderOnlyModel', out)
+
   def test_wheel_declares_ranges_not_pins(self):
     with zipfile.ZipFile(self.package.wheel) as wheel:
       (metadata,) = [n for n in wheel.namelist()
@@ -98,7 +109,8 @@ class InstalledPackageTest(absltest.TestCase):
     # gin resolves `t5x_speed/gin/...` through the installed package, from
     # any working directory and with no search path.
     self.assertEqual(gin_file, os.path.join(
-        self.package.site_dir, 't5x_speed/gin/models/decoder_only/__init__.gin'))
+        self.package.site_dir,
+        't5x_speed/gin/models/decoder_only/__init__.gin'))
     self.assertTrue(os.path.isfile(gin_file))
     self.assertGreater(int(tasks), 5)  # `t5x_speed.tasks` registered its tasks
 

@@ -11,9 +11,10 @@ checkpoint serves every test: T5X's own tiny decoder-only model
 `t5x.train` on a seqio task built here (local text, a SentencePiece model
 trained here). From it:
 
-* `t5x.infer` restores it through t5x_speed/gin/models/decoder_only/t5x_base.gin and
-  decodes greedily: the predictions are T5X's model's own (its sampler at
-  temperature 0), and our model scores like T5X's;
+* `t5x.infer` restores it through
+  t5x_speed/gin/models/decoder_only/t5x_base.gin and decodes greedily: the
+  predictions are T5X's model's own (its sampler at temperature 0), and our
+  model scores like T5X's;
 * t5x_speed/gin/runs/warm_start_from_t5x.gin starts a 2x3 shared model from
   its first two layers, and t5x_speed/gin/runs/finetune.gin trains that
   further, counting its steps and warmup from the restored step;

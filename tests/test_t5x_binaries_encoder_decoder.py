@@ -6,12 +6,13 @@ installed): one checkpoint of T5X's own tiny T5 1.1 encoder-decoder
 (t5x/examples/t5/t5_1_1/base.gin), trained by the stock `t5x.train` on the
 same generated seqio task, serves every test. From it:
 
-* `t5x.infer` restores it through t5x_speed/gin/models/encoder_decoder/base_12l.gin and
-  decodes greedily: the predictions are T5X's model's own (its sampler at
-  temperature 0), and our model scores and decodes like T5X's;
+* `t5x.infer` restores it through
+  t5x_speed/gin/models/encoder_decoder/base_12l.gin and decodes greedily:
+  the predictions are T5X's model's own (its sampler at temperature 0), and
+  our model scores and decodes like T5X's;
 * t5x_speed/gin/runs/warm_start_from_t5x.gin starts a 2x3 shared decoder
-  (speed_t5_base_4x3.gin resized) from the checkpoint's encoder and first two
-  decoder layers;
+  (models/encoder_decoder/speed_4x3.gin resized) from the checkpoint's
+  encoder and first two decoder layers;
 * the warm-started model is evaluated by `t5x.eval` (task metric, SPEED's
   statistics, per-exit metrics) and decoded by `t5x.infer` with SPEED,
   greedy, T5X's beam search and exact SPEED sampling: SPEED's and greedy's
@@ -148,8 +149,9 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
   @classmethod
   def _infer_ours(cls):
     th.run_t5x(
-        cls.server, 'infer', ['t5x_speed/gin/models/encoder_decoder/base_12l.gin',
-                              't5x_speed/gin/runs/infer.gin'],
+        cls.server, 'infer',
+        ['t5x_speed/gin/models/encoder_decoder/base_12l.gin',
+         't5x_speed/gin/runs/infer.gin'],
         _our_bindings(cls.root, unique_layers=DECODER_LAYERS, repeats=1) + [
             f"CHECKPOINT_PATH = '{cls.checkpoint}'",
             f"INFER_OUTPUT_DIR = '{cls.root}/infer_ours'",
@@ -171,7 +173,7 @@ class StockBinariesEncoderDecoderTest(absltest.TestCase):
     if isinstance(self.runs[name], Exception):
       raise self.runs[name]
 
-  def test_restores_into_t5_base_12l_and_decodes_as_t5x(self):
+  def test_restores_into_base_12l_and_decodes_as_t5x(self):
     our_model, t5x_model = _our_model(), _t5x_model()
     params = th.checkpoint_params(self.checkpoint)
     batch = th.encdec_batch(seed=3, batch=6)

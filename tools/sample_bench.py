@@ -86,11 +86,14 @@ def _flags(argv):
 
 def _generate(module, params, prompt, length, method, setting, seed,
               record=False):
+  """One prompt decoded by `method`; a sampling `setting` (None: greedy)
+  samples with the PRNG key of `seed`."""
+  sampled = {} if setting is None else dict(rng=jax.random.PRNGKey(seed),
+                                            **setting)
   return inference.generate(
       module, params, prompt[None], length[None],
       max_decode_steps=demo_model.LENGTHS['targets'], method=method,
-      bidirectional=True, record_schedule=record, rng=jax.random.PRNGKey(seed),
-      **(setting or {}))
+      bidirectional=True, record_schedule=record, **sampled)
 
 
 def _methods(setting):

@@ -301,14 +301,16 @@ class SampleBenchTest(absltest.TestCase):
 
   def test_runs_on_a_tiny_model(self):
     # A random 2x3 model with the demo's vocabulary stands in for the trained
-    # demo model (training takes minutes; test_demo trains one); one setting
-    # and a replay at width 16 keep it to four compiles.
+    # demo model (training takes minutes; test_demo trains one); greedy and
+    # one sampling setting, and a replay at width 16, keep it to eight
+    # compiles.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
     out = tempfile.mkdtemp()
     stderr = io.StringIO()
     with mock.patch.object(replay, 'demo_schedule_source',
                            return_value=source), \
          mock.patch.object(sample_bench, 'SETTINGS',
+                           sample_bench.SETTINGS[:1] +
                            sample_bench.SETTINGS[-1:]), \
          contextlib.redirect_stderr(stderr):
       sample_bench.main(['--config', '2x3', '--prompts', '2', '--width', '16',
@@ -317,7 +319,7 @@ class SampleBenchTest(absltest.TestCase):
     self.assertNotIn('[sample_bench', stderr.getvalue())  # --quiet
     with open(os.path.join(out, 'sample_bench.json')) as f:
       results = json.load(f)
-    (row,) = results['rows']
+    greedy, row = results['rows']
     # The sampler alone: one row and R = 3 rows, kernel and XLA.
     self.assertEqual([(e['setting'], e['rows'])
                       for e in results['sampler_alone']],
@@ -325,6 +327,9 @@ class SampleBenchTest(absltest.TestCase):
                       (sample_bench.MAIN_SETTING, 3)])
     self.assertTrue(all(e['kernel_ms'] > 0 and e['xla_ms'] > 0
                         for e in results['sampler_alone']))
+    self.assertEqual(greedy['setting'], 'greedy')
+    self.assertTrue(greedy['identical'])
+    self.assertTrue(greedy['replay']['consistent'])
     self.assertEqual(row['setting'], sample_bench.MAIN_SETTING)
     self.assertTrue(row['identical'])
     self.assertGreaterEqual(row['steps_per_token'], 1.0)
