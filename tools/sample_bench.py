@@ -186,8 +186,8 @@ def run(args) -> Dict[str, Any]:
       (2 if args.width else 1), quiet=args.quiet)
   module, params = replay.demo_schedule_source(
       r, args.demo_out, args.replay_steps, log=progress.log, quiet=args.quiet)
-  prompts, lengths, _ = demo_model.held_out(args.prompts, split='test',
-                                            min_numbers=1, max_numbers=2)
+  prompts, lengths, targets = demo_model.held_out(
+      args.prompts, split='test', min_numbers=1, max_numbers=2)
   wide = None
   if args.width:
     progress.log(f'initialising the width-{args.width} {g}x{r} model')
@@ -215,6 +215,9 @@ def run(args) -> Dict[str, Any]:
            'flip_rate': {k: v for k, v in summary.items()
                          if k.startswith('flip_rate')},
            'identical': identical,
+           # What the demo model learned: its sequential outputs' accuracy.
+           'exact_match': demo_model.exact_match(
+               [o.tokens[0] for o in outputs[sequential]], targets),
            'demo': {'sequential_seconds': seconds[sequential],
                     'speed_seconds': seconds[speed],
                     'speedup': seconds[sequential] / seconds[speed]}}
@@ -228,7 +231,9 @@ def run(args) -> Dict[str, Any]:
   if build.available():
     progress.log('timing the sampler alone')
     sampler = _sampler_alone(r, args.vocab_size, args.repeats)
-  return {'config': args.config, 'prompts': args.prompts,
+  return {'machine': f'{common.cpu_model()}, {os.cpu_count()} cores',
+          'jax': jax.__version__, 'kernel_isa': build.isa(),
+          'config': args.config, 'prompts': args.prompts,
           'width': args.width, 'vocab_size': args.vocab_size,
           'sampler_alone': sampler,
           'dtype': args.dtype,
@@ -240,22 +245,26 @@ def run(args) -> Dict[str, Any]:
 
 def markdown(results: Dict[str, Any]) -> str:
   lines = [
+      f"Machine: {results['machine']}; JAX {results['jax']}; kernel "
+      f"{results['kernel_isa'] or 'off'}.", '',
       f"Demo model {results['demo_model']}; replay: {results['config']} at "
       f"width {results['width']}, vocabulary {results['vocab_size']} "
       f"({results['dtype']}, kernel "
       f"{'on' if results['kernel'] else 'off'}); {results['prompts']} "
       'held-out prompts at batch 1; speedup = sequential time / SPEED time '
-      '(same outputs).', '',
-      '| setting | steps/token | flip rate per stage | identical | demo '
-      'speedup | replay ms/token seq. | replay ms/token SPEED | replay '
-      'speedup |', '|---|---|---|---|---|---|---|---|']
+      '(same outputs); exact match: the share of prompts whose sequential '
+      'output is the target text (what the demo model learned).', '',
+      '| setting | exact match | steps/token | flip rate per stage | '
+      'identical | demo speedup | replay ms/token seq. | replay ms/token '
+      'SPEED | replay speedup |', '|---|---|---|---|---|---|---|---|---|']
   for row in results['rows']:
     flips = ', '.join(f'{v:.1%}' for v in row['flip_rate'].values())
     rp = row.get('replay')
     replayed = (f"{rp['sequential_ms_per_token']:.1f} | "
                 f"{rp['speed_ms_per_token']:.1f} | {rp['speedup']:.2f}x"
                 if rp else '– | – | –')
-    lines.append(f"| {row['setting']} | {row['steps_per_token']:.2f} | "
+    lines.append(f"| {row['setting']} | {row['exact_match']:.0%} | "
+                 f"{row['steps_per_token']:.2f} | "
                  f"{flips} | {row['identical']} | "
                  f"{row['demo']['speedup']:.2f}x | {replayed} |")
   if results.get('sampler_alone'):
