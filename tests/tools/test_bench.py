@@ -329,6 +329,9 @@ class SampleBenchTest(absltest.TestCase):
                         for e in results['sampler_alone']))
     self.assertEqual(greedy['setting'], 'greedy')
     self.assertTrue(greedy['identical'])
+    # A random model spells no number: what it learned is recorded as such.
+    self.assertEqual(greedy['exact_match'], 0.0)
+    self.assertIn('cores', results['machine'])
     self.assertTrue(greedy['replay']['consistent'])
     self.assertEqual(row['setting'], sample_bench.MAIN_SETTING)
     self.assertTrue(row['identical'])
@@ -339,31 +342,35 @@ class SampleBenchTest(absltest.TestCase):
     self.assertGreater(row['replay']['speedup'], 0.0)
 
   def test_table(self):
-    row = {'setting': 'T=0.7', 'steps_per_token': 1.25,
+    row = {'setting': 'T=0.7', 'exact_match': 0.5, 'steps_per_token': 1.25,
            'flip_rate': {'flip_rate/stage_2': 0.1, 'flip_rate/stage_3': 0.05},
            'identical': True, 'demo': {'speedup': 0.9},
            'replay': {'sequential_ms_per_token': 100.0,
                       'speed_ms_per_token': 50.0, 'speedup': 2.0}}
+    machine = {'machine': 'AMD EPYC, 2 cores', 'jax': '0.10.2',
+               'kernel_isa': 'avx2'}
     table = sample_bench.markdown(
-        {'demo_model': '2x3', 'config': '4x3', 'width': 768,
+        {**machine, 'demo_model': '2x3', 'config': '4x3', 'width': 768,
          'vocab_size': 32128,
          'dtype': 'float32', 'kernel': True, 'prompts': 8,
          'rows': [row, {**row, 'setting': 'greedy', 'replay': None}]})
-    self.assertIn('| T=0.7 | 1.25 | 10.0%, 5.0% | True | 0.90x | 100.0 | '
-                  '50.0 | 2.00x |', table)
-    self.assertIn('| greedy | 1.25 | 10.0%, 5.0% | True | 0.90x | – | – | – |',
+    self.assertIn('Machine: AMD EPYC, 2 cores; JAX 0.10.2; kernel avx2.',
                   table)
+    self.assertIn('| T=0.7 | 50% | 1.25 | 10.0%, 5.0% | True | 0.90x | 100.0 '
+                  '| 50.0 | 2.00x |', table)
+    self.assertIn('| greedy | 50% | 1.25 | 10.0%, 5.0% | True | 0.90x | – | – '
+                  '| – |', table)
     self.assertIn('4x3 at width 768, vocabulary 32128 (float32, kernel on)',
                   table)
     self.assertNotIn('| target |', table)
     main = {**row, 'setting': sample_bench.MAIN_SETTING,
             'replay': {**row['replay'], 'speedup': 1.69}}
     table = sample_bench.markdown(
-        {'demo_model': '2x3', 'config': '4x3', 'width': 768,
+        {**machine, 'demo_model': '2x3', 'config': '4x3', 'width': 768,
          'vocab_size': 32128, 'dtype': 'float32', 'kernel': True,
          'prompts': 8, 'rows': [main]})
     # The measured row only: targets live in the issues, not in the table.
-    self.assertIn('| T=0.7, top-p 0.9 | 1.25 | 10.0%, 5.0% | True | 0.90x | '
+    self.assertIn('| T=0.7, top-p 0.9 | 50% | 1.25 | 10.0%, 5.0% | True | 0.90x | '
                   '100.0 | 50.0 | 1.69x |', table)
     self.assertNotIn('| target |', table)
 
