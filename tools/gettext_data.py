@@ -25,7 +25,8 @@ order and number of catalogs, and a text never lands in two splits.
 
 Example:
   python -m tools.gettext_data --out_dir /tmp/gettext_enfr
-  # writes train.tsv, validation.tsv, test.tsv, spm.model, stats.json
+  # writes train.tsv, validation.tsv, test.tsv, spm.model, stats.json and
+  # languages.json ({"source": "en", "target": "fr"})
 """
 
 import argparse
@@ -37,7 +38,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import logging
 
@@ -45,6 +46,7 @@ from tools import common
 
 DEFAULT_LOCALE_DIR = '/usr/share/locale'
 SPLITS = ('train', 'validation', 'test')
+LANGUAGES_FILE = 'languages.json'
 FILTERS = ('names_list', 'empty', 'too_long', 'placeholders', 'untranslated',
            'duplicate')
 
@@ -213,7 +215,28 @@ def build(out_dir: str, settings: Settings = Settings(),
   with open(os.path.join(out_dir, 'stats.json'), 'w') as f:
     json.dump(dict(settings=dataclasses.asdict(settings),
                    vocab_size=vocab_size, counts=counts), f, indent=1)
+  write_languages(out_dir, ('en', settings.language))
   return counts
+
+
+def write_languages(data_dir: str, languages: Tuple[str, str]) -> None:
+  """Writes `<data_dir>/languages.json`: the TSV columns' language codes,
+  which `tools.paper_table --data_dir` reads."""
+  with open(os.path.join(data_dir, LANGUAGES_FILE), 'w') as f:
+    json.dump({'source': languages[0], 'target': languages[1]}, f)
+
+
+def read_languages(data_dir: str) -> Optional[Tuple[str, str]]:
+  """(source, target) of `<data_dir>/languages.json`, or None without one."""
+  path = os.path.join(data_dir, LANGUAGES_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    meta = json.load(f)
+  if set(meta) != {'source', 'target'}:
+    raise ValueError(f'{path}: expected {{"source": code, "target": code}}, '
+                     f'got {meta}.')
+  return meta['source'], meta['target']
 
 
 def main(argv=None):

@@ -26,18 +26,21 @@ between flips and quality.
 Results go to `<out_dir>/paper_table.{md,json,png}`; progress to stderr.
 `--data_dir` points the same runner at your own translation TSVs
 (`train.tsv`, `validation.tsv`, `test.tsv` and a SentencePiece `spm.model`;
-see `tasks.register_translation_tsv_task`).
+see `tasks.register_translation_tsv_task`); `--languages SRC,TGT` names
+their columns' languages (or a `languages.json` beside them does, as
+`tools.gettext_data` writes it), and the prompt follows. Without
+`--data_dir`, `--languages en,de` builds the set from the German catalogs.
 
 Example:
   python -m tools.paper_table --out_dir paper_table_out
   python -m tools.paper_table --trainer t5x --configs 2x3 --exit_agreements 0
+  python -m tools.paper_table --data_dir my_ende --languages en,de
   python -m tools.paper_table --tiny --out_dir /tmp/t   # seconds: a smoke run
 """
 
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -48,20 +51,22 @@ import seqio
 
 from t5x_speed import inference
 from t5x_speed import network
-from t5x_speed import tasks
 from t5x_speed.tasks import metrics
 from tools import common
 from tools import demo_model
-from tools import gettext_data
+from tools import paper_table_data
 from tools import paper_table_report
 from tools import paper_table_train
 from tools import replay
 from tools import trainer
 
-TASK = 'speed_gettext_enfr'
-CONFIGS = {'2L': (2, 1), '3L': (3, 1), '6L': (6, 1), '2x3': (2, 3),
-           '3x2': (3, 2)}
+# name: (unique layers G, repetitions R). The paper's table compares 12L,
+# 4L and 2L with 4x3 and 2x6 (and 4x4, 2x8); the smaller ones are quick.
+CONFIGS = {'12L': (12, 1), '8L': (8, 1), '6L': (6, 1), '4L': (4, 1),
+           '3L': (3, 1), '2L': (2, 1), '4x3': (4, 3), '2x6': (2, 6),
+           '4x4': (4, 4), '2x8': (2, 8), '2x3': (2, 3), '3x2': (3, 2)}
 BASE_VOCAB = 32128
+GETTEXT = paper_table_data.GETTEXT_LANGUAGES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +88,10 @@ class TableSettings:
   exit_agreements: Tuple[float, ...] = (0.1, 0.3, 1.0)   # the λ swept
   exit_agreement_target: str = 'distribution'
   test_examples: int = 400      # BLEU, chrF and SPEED's statistics
+  # Points of each run's validation curve (checkpoints kept), on this many
+  # validation examples; the plateau is judged on the last 20% of steps.
+  curve_points: int = 10
+  validation_examples: int = 512
   consistency_examples: int = 1024
   latency_prompts: int = 12
   repeats: int = 3
@@ -96,55 +105,9 @@ class TableSettings:
 TINY = TableSettings(configs=('2L', '2x3'), width=32, steps=3, batch_size=4,
                      inputs_length=24, targets_length=24, vocab_size=300,
                      seeds=(0,), exit_agreements=(1.0,), test_examples=8,
+                     curve_points=3, validation_examples=8,
                      consistency_examples=8, latency_prompts=2, repeats=1,
                      replay_width=64)
-
-
-def prepare_data(out_dir: str, settings: TableSettings,
-                 data_dir: Optional[str], log) -> str:
-  """The data directory: `data_dir`, or the gettext set built once into
-  `<out_dir>/data`. Registers TASK over it."""
-  if data_dir is None:
-    data_dir = os.path.join(out_dir, 'data')
-    stats = os.path.join(data_dir, 'stats.json')
-    built = None
-    if os.path.exists(stats):
-      with open(stats) as f:
-        built = json.load(f).get('vocab_size')
-    if built != settings.vocab_size:
-      log('building the gettext English->French set')
-      counts = gettext_data.build(data_dir, vocab_size=settings.vocab_size)
-      log(f'{counts["kept"]} pairs kept of {counts["read"]} read: '
-          f'{counts["train"]} / {counts["validation"]} / {counts["test"]}')
-  spm = os.path.join(data_dir, 'spm.model')
-  for name in ('train.tsv', 'test.tsv', 'spm.model'):
-    if not os.path.exists(os.path.join(data_dir, name)):
-      raise FileNotFoundError(f'--data_dir {data_dir} has no {name}.')
-  tasks.register_translation_tsv_task(TASK, data_dir, spm)
-  return data_dir
-
-
-def _batches(split: str, settings: TableSettings, batch_size: int,
-             pack: bool, shuffle: bool, seed: int = 0):
-  task = seqio.get_mixture_or_task(TASK)
-  ds = task.get_dataset(settings.lengths, split=split, shuffle=shuffle,
-                        seed=seed, num_epochs=None if shuffle else 1)
-  ds = seqio.DecoderFeatureConverter(pack=pack)(ds, settings.lengths)
-  return ds.batch(batch_size, drop_remainder=shuffle).prefetch(2)
-
-
-def test_prompts(count: int, settings: TableSettings):
-  """The first `count` test examples: (prompts [count, inputs_length]
-  right-padded, lengths [count], reference texts)."""
-  task = seqio.get_mixture_or_task(TASK)
-  prompts = np.zeros((count, settings.inputs_length), np.int32)
-  lengths, refs = [], []
-  for ex in task.get_dataset(settings.lengths, split='test',
-                             shuffle=False).take(count).as_numpy_iterator():
-    prompts[len(refs), :len(ex['inputs'])] = ex['inputs']
-    lengths.append(len(ex['inputs']))
-    refs.append(ex['targets_pretokenized'].decode())
-  return prompts[:len(refs)], np.array(lengths, np.int32), refs
 
 
 def model_config(name: str, settings: TableSettings,
@@ -176,7 +139,8 @@ def evaluate(module, params, settings: TableSettings, prompts, lengths,
   result = {**metrics.bleu_and_chrf(refs, texts),
             'examples': [{'reference': a, 'prediction': b}
                          for a, b in zip(refs[:3], texts[:3])]}
-  batches = _batches('test', settings, 32, pack=False, shuffle=False).take(
+  batches = paper_table_data.batches('test', settings.lengths, 32, pack=False,
+                                     shuffle=False).take(
       max(settings.consistency_examples // 32, 1)).as_numpy_iterator()
   result['consistency'] = {k: v.tolist() for k, v in trainer.exit_consistency(
       module, params, batches).items()}
@@ -264,7 +228,8 @@ def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
 
 def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
               vocab_size: int, out_dir: str, data_dir: str,
-              trainer_kind: str, progress: common.Progress, quiet: bool):
+              trainer_kind: str, progress: common.Progress, quiet: bool,
+              languages: Tuple[str, str] = GETTEXT):
   """(module, params, training record) of one run (`paper_table_train`)."""
   recipe = trainer.Recipe(
       steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
@@ -272,38 +237,85 @@ def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
       exit_agreement_target=settings.exit_agreement_target)
 
   def batches():
-    return _batches('train', settings, settings.batch_size, pack=True,
-                    shuffle=True, seed=seed).as_numpy_iterator()
+    return paper_table_data.batches(
+        'train', settings.lengths, settings.batch_size, pack=True,
+        shuffle=True, seed=seed).as_numpy_iterator()
+  config = model_config(name, settings, vocab_size)
   return paper_table_train.trained_run(
-      name, model_config(name, settings, vocab_size), recipe, trainer_kind,
-      out_dir, data_dir, TASK, batches, settings.lengths, settings.batch_size,
-      progress, quiet)
+      name, config, recipe, trainer_kind, out_dir, data_dir,
+      paper_table_data.TASK, batches, settings.lengths, settings.batch_size,
+      progress, quiet, languages,
+      functools.partial(validation_point, network.SpeedTransformer(config),
+                        settings=settings),
+      max(settings.steps // settings.curve_points, 1))
+
+
+def validation_point(module, params, settings: TableSettings
+                     ) -> Dict[str, List[float]]:
+  """One point of a run's validation curve: each exit's teacher-forced
+  loss, accuracy and flip rate on the first validation examples."""
+  batches = paper_table_data.batches('validation', settings.lengths, 32,
+                                     pack=False, shuffle=False)
+  batches = batches.take(max(settings.validation_examples // 32, 1))
+  return {k: v.tolist() for k, v in trainer.exit_consistency(
+      module, params, batches.as_numpy_iterator()).items()}
+
+
+def plateau(validation: List[Dict[str, Any]], steps: int,
+            tail: float = 0.2, threshold: float = 0.01
+            ) -> Optional[Dict[str, Any]]:
+  """Whether a run reached its validation plateau: the final exit's
+  validation loss improved by less than `threshold` (relative) over the
+  last `tail` of the steps. None without a point at or before that.
+
+  >>> points = [{'step': s, 'loss': [9.0, l]} for s, l in
+  ...           [(50, 4.0), (80, 3.02), (100, 3.0)]]
+  >>> plateau(points, 100)  # doctest: +ELLIPSIS
+  {'from_step': 80, 'improvement': 0.0066..., 'reached': True}
+  """
+  start = [p for p in validation if p['step'] <= steps * (1 - tail)]
+  if not start or validation[-1]['step'] != steps:
+    return None
+  before, last = start[-1]['loss'][-1], validation[-1]['loss'][-1]
+  improvement = (before - last) / before
+  return {'from_step': start[-1]['step'], 'improvement': improvement,
+          'reached': bool(improvement < threshold)}
 
 
 def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
-        quiet: bool = False, trainer_kind: str = 'library'
-        ) -> Dict[str, Any]:
+        quiet: bool = False, trainer_kind: str = 'library',
+        languages: Tuple[str, str] = GETTEXT) -> Dict[str, Any]:
   """Builds the data, trains (with the `trainer_kind` trainer, or reads
   back runs trained earlier), evaluates and times; returns the results."""
   runs = runs_of(settings)
   progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
-  data_dir = prepare_data(out_dir, settings, data_dir, progress.log)
-  vocab = seqio.get_mixture_or_task(TASK).output_features[
+  gettext = data_dir is None
+  data_dir = paper_table_data.prepare_data(
+      out_dir, settings.vocab_size, data_dir, progress.log, languages)
+  vocab = seqio.get_mixture_or_task(paper_table_data.TASK).output_features[
       'targets'].vocabulary
-  prompts, lengths, refs = test_prompts(settings.test_examples, settings)
+  prompts, lengths, refs = paper_table_data.test_prompts(
+      settings.test_examples, settings.lengths)
   fast = slice(0, settings.latency_prompts)
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
+             'gettext': gettext, 'languages': list(languages),
              'cpu': common.cpu_model(), 'devices': jax.device_count(),
              'trainer': trainer_kind, 'runs': []}
   trained = {}
   for name, seed, agreement in runs:
     module, params, record = train_run(
         name, seed, agreement, settings, vocab.vocab_size, out_dir, data_dir,
-        trainer_kind, progress, quiet)
+        trainer_kind, progress, quiet, languages)
     label = paper_table_train.run_label(name, seed, agreement)
     progress.log(f'evaluating {label}')
     row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
            'train_seconds': record['train_seconds'],
+           # Packed target positions per second of training.
+           'train_positions_per_second': (
+               settings.steps * settings.batch_size *
+               settings.targets_length / record['train_seconds']),
+           'validation': record.get('validation', []),
+           'plateau': plateau(record.get('validation', []), settings.steps),
            'trained_earlier': record['cached'],
            'final_train': record['history'][-1],
            **evaluate(module, params, settings, prompts, lengths, refs,
@@ -340,6 +352,11 @@ def _flags(argv):
   parser.add_argument('--data_dir', default=None,
                       help='your own translation TSVs and spm.model instead '
                       'of the gettext set.')
+  parser.add_argument('--languages', default=None,
+                      help='SRC,TGT: the language codes of the data\'s '
+                      'columns, which the prompt names (default: '
+                      '<data_dir>/languages.json; without --data_dir en,fr, '
+                      'and en,TGT builds the gettext set of TGT).')
   parser.add_argument('--configs', default=','.join(defaults.configs),
                       help=f'comma-separated, of {sorted(CONFIGS)}.')
   parser.add_argument('--sweep_configs',
@@ -347,7 +364,7 @@ def _flags(argv):
                       help='the shared configs trained at every seed and '
                       'agreement weight.')
   for field in ('width', 'steps', 'batch_size', 'test_examples',
-                'latency_prompts', 'repeats', 'replay_width'):
+                'latency_prompts', 'repeats', 'replay_width', 'curve_points'):
     parser.add_argument(f'--{field}', type=int,
                         default=getattr(defaults, field))
   parser.add_argument('--learning_rate', type=float,
@@ -384,6 +401,11 @@ def _flags(argv):
   if unswept and not args.tiny:
     parser.error(f'--sweep_configs: {unswept} are not shared configs of '
                  f'--configs {args.configs}.')
+  try:
+    args.languages = paper_table_data.data_languages(args.data_dir,
+                                                     args.languages)
+  except ValueError as e:
+    parser.error(str(e))
   if args.tiny:
     settings = TINY
   else:
@@ -396,7 +418,7 @@ def _flags(argv):
         exit_agreement_target=args.exit_agreement_target,
         **{f: getattr(args, f) for f in (
             'width', 'steps', 'batch_size', 'test_examples',
-            'latency_prompts', 'repeats', 'replay_width')})
+            'latency_prompts', 'repeats', 'replay_width', 'curve_points')})
   return args, settings
 
 
@@ -404,7 +426,7 @@ def main(argv=None) -> int:
   args, settings = _flags(sys.argv[1:] if argv is None else argv)
   os.makedirs(args.out_dir, exist_ok=True)
   results = run(settings, args.out_dir, args.data_dir, args.quiet,
-                args.trainer)
+                args.trainer, args.languages)
   paths = paper_table_report.write(results, args.out_dir)
   print(paper_table_report.markdown(results))
   print('Wrote ' + ', '.join(paths) + '.')

@@ -28,6 +28,23 @@ def _conditions(results: Dict[str, Any]) -> str:
           ' min.')
 
 
+def _validation(row) -> str:
+  """'2.31 (yes, 0.4%)': the last validation loss and the plateau."""
+  if not row.get('validation'):
+    return '-'
+  loss = f'{row["validation"][-1]["loss"][-1]:.2f}'
+  p = row.get('plateau')
+  if not p:
+    return loss
+  return (f'{loss} ({"yes" if p["reached"] else "no"}, '
+          f'{100 * p["improvement"]:.1f}%)')
+
+
+def _throughput(row) -> str:
+  rate = row.get('train_positions_per_second')
+  return f'{rate:,.0f}' if rate else '-'
+
+
 def _main_rows(results) -> List[Dict[str, Any]]:
   first = results['settings']['seeds'][0]
   return [row for row in results['runs']
@@ -50,26 +67,33 @@ def _agreement_groups(results) -> Dict[Tuple[str, float], List[Dict]]:
 def markdown(results: Dict[str, Any]) -> str:
   """The tables, with their conditions."""
   lat = results['latency_ms_per_token']
-  lines = ['## The paper\'s comparison in miniature: gettext en->fr', '',
+  source, target = results.get('languages', ('en', 'fr'))
+  data = 'gettext' if results.get('gettext', True) else 'your data'
+  lines = [f'## The paper\'s comparison in miniature: {data} '
+           f'{source}->{target}', '',
            _conditions(results), '',
-           '| model | BLEU | chrF | exit accuracy % | flip rate % (stages '
-           '2..R) | SPEED steps / token | greedy ms/token | SPEED ms/token '
-           '| Base-width replay speedup |',
-           '| --- | --- | --- | --- | --- | --- | --- | --- | --- |']
+           '| model | validation loss (plateau) | training positions/s | '
+           'BLEU | chrF | exit accuracy % | flip rate % (stages 2..R) | SPEED '
+           'steps / token | greedy ms/token | SPEED ms/token | Base-width '
+           'replay speedup |',
+           '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |']
   for row in _main_rows(results):
     name, c = row['config'], row['consistency']
     sp, rp = row.get('speed'), row.get('replay')
     timed = lambda key: f'{lat[key]:.2f}' if key in lat else '-'
-    cells = [name, f'{row["bleu"]:.1f}', f'{row["chrf"]:.1f}',
+    cells = [name, _validation(row), _throughput(row),
+             f'{row["bleu"]:.1f}', f'{row["chrf"]:.1f}',
              _pct(c['accuracy']), _pct(c['flip_rate'][1:]) or '-',
              f'{sp["steps_per_token"]:.2f}' if sp else '-',
              timed(f'greedy {name}'), timed(f'SPEED {name}'),
              f'{rp["speedup"]:.2f}x' if rp else '-']
     lines.append('| ' + ' | '.join(cells) + ' |')
-  lines += ['', 'Flip rates are teacher-forced on the test split: the share '
-            'of target tokens whose argmax at an exit differs from the '
-            'previous exit\'s. SPEED\'s tokens equal greedy\'s on every '
-            'shared model (checked).', '']
+  lines += ['', 'Validation loss: the final exit\'s, per target token, at '
+            'the last step; plateau: its relative improvement over the last '
+            '20% of steps, "yes" below 1%. Flip rates are teacher-forced on '
+            'the test split: the share of target tokens whose argmax at an '
+            'exit differs from the previous exit\'s. SPEED\'s tokens equal '
+            'greedy\'s on every shared model (checked).', '']
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):
     lines += ['### Exits trained to agree', '',

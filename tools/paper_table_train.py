@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import flax.serialization
 import jax
@@ -38,7 +38,8 @@ RECIPE_VERSION = 1
 _TASK_MODULE = '''"""Registers {task!r} for t5x.train (tools.paper_table)."""
 from t5x_speed import tasks
 
-tasks.register_translation_tsv_task({task!r}, {data_dir!r}, {spm!r})
+tasks.register_translation_tsv_task({task!r}, {data_dir!r}, {spm!r},
+                                    languages={languages!r})
 '''
 
 
@@ -63,10 +64,12 @@ def _file_digest(path: str) -> str:
 
 def run_key(name: str, config: network.TransformerConfig,
             recipe: trainer.Recipe, trainer_kind: str, batch_size: int,
-            lengths: Dict[str, int], data_dir: str) -> str:
+            lengths: Dict[str, int], data_dir: str,
+            languages: Tuple[str, str] = ('en', 'fr')) -> str:
   """The directory name of one run: readable, plus a hash of everything else
   that changes the trained model (architecture, recipe, batches and the
-  contents of the training data and vocabulary)."""
+  contents of the training data and vocabulary, and the languages its
+  prompt names)."""
   training = dataclasses.asdict(recipe)
   del training['log_every']
   if not recipe.exit_agreement:
@@ -75,6 +78,10 @@ def run_key(name: str, config: network.TransformerConfig,
       'config': dataclasses.asdict(config), 'recipe': training,
       'weight_decay': trainer.WEIGHT_DECAY, 'version': RECIPE_VERSION,
       'batch_size': batch_size, 'lengths': lengths,
+      # Only where they are not the gettext set's: runs trained before the
+      # option existed keep their keys.
+      **({'languages': list(languages)}
+         if tuple(languages) != ('en', 'fr') else {}),
       'data': [_file_digest(os.path.join(data_dir, f))
                for f in ('train.tsv', 'spm.model')]},
                                      sort_keys=True, default=str).encode())
@@ -109,11 +116,23 @@ def _load(run_dir: str):
 
 
 def train_library(module: network.SpeedTransformer, batches, recipe:
-                  trainer.Recipe, quiet: bool, desc: str
+                  trainer.Recipe, quiet: bool, desc: str,
+                  evaluate=None, evaluate_every: int = 0
                   ) -> Tuple[Any, List[Dict[str, float]]]:
   """The tools' trainer, initialised as `t5x.train` initialises."""
   return trainer.train(module, batches, recipe, progress_bar=not quiet,
-                       desc=desc, init_rng=t5x_init_rng(recipe.seed))
+                       desc=desc, init_rng=t5x_init_rng(recipe.seed),
+                       evaluate=evaluate, evaluate_every=evaluate_every)
+
+
+def checkpoint_path(run_dir: str, step: int) -> str:
+  """Where a run keeps its parameters after `step` (the curves' points)."""
+  return os.path.join(run_dir, 'checkpoints', f'step_{step}.msgpack')
+
+
+def load_params(path: str):
+  with open(path, 'rb') as f:
+    return flax.serialization.msgpack_restore(f.read())
 
 
 def t5x_gin(config: network.TransformerConfig, recipe: trainer.Recipe,
@@ -184,7 +203,8 @@ def _exit_scalars(event_dir: str) -> Dict[int, Dict[str, float]]:
 
 def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
               run_dir: str, task: str, data_dir: str, lengths: Dict[str, int],
-              batch_size: int, progress: common.Progress
+              batch_size: int, progress: common.Progress,
+              languages: Tuple[str, str] = ('en', 'fr')
               ) -> Tuple[Any, List[Dict[str, float]]]:
   """Stock `python -m t5x.train` on the table's task; returns the trained
   parameters of its last checkpoint and the per-exit training metrics T5X
@@ -195,7 +215,7 @@ def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
   module_name = 'paper_table_task'
   with open(os.path.join(run_dir, module_name + '.py'), 'w') as f:
     f.write(_TASK_MODULE.format(task=task, data_dir=os.path.abspath(data_dir),
-                                spm=spm))
+                                spm=spm, languages=tuple(languages)))
   gin_file = os.path.join(run_dir, 'train.gin')
   with open(gin_file, 'w') as f:
     f.write(t5x_gin(config, recipe, task, module_name, lengths, batch_size,
@@ -237,18 +257,26 @@ def trained_run(name: str, config: network.TransformerConfig,
                 data_dir: str, task: str,
                 batches_fn: Callable[[], Iterator[Dict[str, np.ndarray]]],
                 lengths: Dict[str, int], batch_size: int,
-                progress: common.Progress, quiet: bool
+                progress: common.Progress, quiet: bool,
+                languages: Tuple[str, str] = ('en', 'fr'),
+                evaluate: Optional[Callable[[Any], Dict[str, Any]]] = None,
+                evaluate_every: int = 0
                 ) -> Tuple[network.SpeedTransformer, Any, Dict[str, Any]]:
-  """(module, params, {'history', 'train_seconds', 'trainer', 'cached'}) of
-  one run: trained by `trainer_kind` ('library' or 't5x') on `batches_fn()`
-  (the library) or on `task` (T5X), or read back from the run directory
-  when an earlier table trained it."""
+  """(module, params, {'history', 'train_seconds', 'trainer', 'cached',
+  'validation'}) of one run: trained by `trainer_kind` ('library' or 't5x')
+  on `batches_fn()` (the library) or on `task` (T5X), or read back from the
+  run directory when an earlier table trained it.
+
+  With the library trainer, every `evaluate_every` steps and after the last
+  the parameters are kept (`checkpoint_path`) and `evaluate(params)` adds a
+  point to the record's 'validation' curve; its time is not training time.
+  """
   if trainer_kind not in TRAINERS:
     raise ValueError(f'trainer must be one of {TRAINERS}, got '
                      f'{trainer_kind!r}.')
   module = network.SpeedTransformer(config)
   key = run_key(name, config, recipe, trainer_kind, batch_size, lengths,
-                data_dir)
+                data_dir, languages)
   run_dir = os.path.join(out_dir, 'runs', key)
   label = run_label(name, recipe.seed, recipe.exit_agreement)
   cached = _load(run_dir)
@@ -260,13 +288,28 @@ def trained_run(name: str, config: network.TransformerConfig,
   progress.log(f'training {label}: {recipe.steps} steps ({trainer_kind} '
                'trainer)')
   start = time.perf_counter()
+  validation, evaluate_seconds = [], 0.0
+
+  def on_evaluate(step, params):
+    nonlocal evaluate_seconds
+    began = time.perf_counter()
+    path = checkpoint_path(run_dir, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _write_atomically(path, flax.serialization.msgpack_serialize(
+        jax.device_get(params)))
+    if evaluate is not None:
+      validation.append({'step': step, **evaluate(params)})
+    evaluate_seconds += time.perf_counter() - began
   if trainer_kind == 'library':
-    params, history = train_library(module, batches_fn(), recipe, quiet,
-                                    label)
+    params, history = train_library(
+        module, batches_fn(), recipe, quiet, label,
+        on_evaluate if evaluate_every else None, evaluate_every)
   else:
     params, history = train_t5x(config, recipe, run_dir, task, data_dir,
-                                lengths, batch_size, progress)
-  record = {'history': history, 'train_seconds': time.perf_counter() - start,
-            'trainer': trainer_kind}
+                                lengths, batch_size, progress, languages)
+  record = {'history': history, 'validation': validation,
+            'train_seconds': (time.perf_counter() - start -
+                              evaluate_seconds),
+            'evaluate_seconds': evaluate_seconds, 'trainer': trainer_kind}
   _save(run_dir, params, record)
   return module, params, {**record, 'cached': False}

@@ -4,11 +4,14 @@ The weighted multi-exit loss (and, if asked, the exits' agreement term of
 `losses.exit_agreement`), averaged over target tokens, on batches from
 `seqio.DecoderFeatureConverter`; AdamW with a linear warmup over the first
 tenth of the steps and cosine decay to a twentieth of the peak rate.
-`exit_consistency` measures the exits on held-out batches, teacher-forced.
+`exit_consistency` measures the exits on held-out batches, teacher-forced;
+`train` can call it (or any evaluation) every few steps.
 """
 
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+import functools
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
+                    Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -55,8 +58,9 @@ def forward(module: network.SpeedTransformer, params, batch,
 
 def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
           recipe: Recipe, progress_bar: bool = True, desc: str = 'training',
-          init_rng: Optional[jax.Array] = None
-          ) -> Tuple[Any, List[Dict[str, float]]]:
+          init_rng: Optional[jax.Array] = None,
+          evaluate: Optional[Callable[[int, Any], None]] = None,
+          evaluate_every: int = 0) -> Tuple[Any, List[Dict[str, float]]]:
   """Trains `module` on `batches`; returns (params, history).
 
   The parameters are initialised from `init_rng`, by default
@@ -65,6 +69,8 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
   accuracy, flip rates and, with the agreement term on, each early exit's
   A_i (all per target token).
   `progress_bar` shows the steps, losses and flip rates on stderr.
+  `evaluate(step, params)` runs every `evaluate_every` steps (0: never) and
+  after the last, outside the timed step (checkpoints, validation curves).
   """
   agreement = losses.check_exit_agreement(recipe.exit_agreement,
                                           recipe.exit_agreement_target)
@@ -122,6 +128,9 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
       postfix.update({f'flip{i}': f'{record[f"exit_{i}/flip_rate"]:.1%}'
                       for i in range(2, num_repeats + 1)})
       bar.set_postfix(postfix, refresh=False)
+    if evaluate is not None and (step == recipe.steps or (
+        evaluate_every and step % evaluate_every == 0)):
+      evaluate(step, params)
   bar.close()
   return params, history
 
@@ -129,23 +138,36 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
 def exit_consistency(module: network.SpeedTransformer, params,
                      batches: Iterable[Dict[str, Any]]
                      ) -> Dict[str, np.ndarray]:
-  """Teacher-forced per-exit accuracy and agreement with the final exit.
+  """Teacher-forced per-exit loss, accuracy and agreement with the final
+  exit.
 
-  Returns {'accuracy': [R], 'agrees_with_final': [R], 'flip_rate': [R]}
-  over the target tokens of `batches` (flip_rate[0] is 0: exit 1 has no
-  predecessor).
+  Returns {'loss': [R], 'accuracy': [R], 'agrees_with_final': [R],
+  'flip_rate': [R]} over the target tokens of `batches` (loss: cross-entropy
+  per target token; flip_rate[0] is 0: exit 1 has no predecessor).
   """
-  correct = agree = flips = 0.0
+  correct = agree = flips = loss = 0.0
   count = 0.0
   for batch in batches:
-    # [R, batch, length] argmax of every exit.
-    preds = np.asarray(jnp.argmax(forward(module, params, batch), -1))
     weights = batch['decoder_loss_weights']
+    # [R, batch, length] argmax and summed cross-entropy of every exit.
+    preds, nll = _exit_predictions(module, params, batch)
+    preds = np.asarray(preds)
+    loss += np.asarray(nll)
     correct += np.sum((preds == batch['decoder_target_tokens']) * weights,
                       (1, 2))
     agree += np.sum((preds == preds[-1]) * weights, (1, 2))
     flips += np.sum((preds != np.roll(preds, 1, 0)) * weights, (1, 2))
     count += weights.sum()
   flips[0] = 0.0
-  return {'accuracy': correct / count, 'agrees_with_final': agree / count,
-          'flip_rate': flips / count}
+  return {'loss': loss / count, 'accuracy': correct / count,
+          'agrees_with_final': agree / count, 'flip_rate': flips / count}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _exit_predictions(module, params, batch):
+  logits = forward(module, params, batch)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  target_logp = jnp.take_along_axis(
+      logp, batch['decoder_target_tokens'][None, ..., None], -1)[..., 0]
+  nll = -jnp.sum(target_logp * batch['decoder_loss_weights'], (1, 2))
+  return jnp.argmax(logits, -1), nll

@@ -8,7 +8,14 @@ import tensorflow as tf
 __all__ = ['translate', 'summarize', 'translation_prompt', 'LANGUAGE_NAMES',
            'SUMMARIZE_PROMPT']
 
-LANGUAGE_NAMES = {'en': 'English', 'de': 'German', 'fr': 'French'}
+# T5's prompts name languages in English; T5 itself was trained on en, de,
+# fr and ro, the others are for models trained from scratch.
+LANGUAGE_NAMES = {
+    'cs': 'Czech', 'da': 'Danish', 'de': 'German', 'en': 'English',
+    'es': 'Spanish', 'fi': 'Finnish', 'fr': 'French', 'it': 'Italian',
+    'ja': 'Japanese', 'nl': 'Dutch', 'pl': 'Polish', 'pt': 'Portuguese',
+    'ro': 'Romanian', 'ru': 'Russian', 'sv': 'Swedish', 'uk': 'Ukrainian',
+    'zh': 'Chinese'}
 SUMMARIZE_PROMPT = 'summarize: '
 
 

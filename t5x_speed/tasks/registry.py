@@ -186,14 +186,15 @@ def register_translation_tsv_task(
   The files are those of `sources.ParagraphPairSource` (`train.tsv`,
   `validation.tsv`, `test.tsv`, one `source<TAB>target` pair per line, or
   TFRecord shards), read from `data_dir` when data is read. Examples get
-  T5's prompt (`translate English to French: ...`), and predictions are
-  scored with BLEU and chrF, plus SPEED's statistics where the model
-  returns them.
+  T5's prompt for `languages` (`translate English to French: ...`), and
+  predictions are scored with BLEU and chrF, plus SPEED's statistics where
+  the model returns them.
 
   Example (the gettext set of `python -m tools.gettext_data`):
 
     register_translation_tsv_task('gettext_enfr', '/tmp/gettext_enfr',
-                                  '/tmp/gettext_enfr/spm.model')
+                                  '/tmp/gettext_enfr/spm.model',
+                                  languages=('en', 'fr'))
     # python -m t5x.train ... --gin.MIXTURE_OR_TASK_NAME="'gettext_enfr'"
     # (import the module that calls this with --gin.MIXTURE_OR_TASK_MODULE)
 

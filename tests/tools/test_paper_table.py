@@ -4,7 +4,9 @@ import dataclasses
 import doctest
 import json
 import os
+import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -14,7 +16,9 @@ import seqio
 
 from t5x_speed import network
 from tools import common
+from tools import gettext_data
 from tools import paper_table
+from tools import paper_table_data
 from tools import paper_table_train
 from tools import trainer
 
@@ -26,8 +30,9 @@ class PaperTableTest(absltest.TestCase):
     super().setUpClass()
     # The gettext set at the tiny vocabulary, built once for every test.
     cls.out = tempfile.mkdtemp()
-    cls.data_dir = paper_table.prepare_data(cls.out, paper_table.TINY, None,
-                                            lambda _: None)
+    cls.vocab_size = paper_table.TINY.vocab_size
+    cls.data_dir = paper_table_data.prepare_data(cls.out, cls.vocab_size, None,
+                                                 lambda _: None)
 
   def test_runs_of_the_table(self):
     settings = paper_table.TableSettings(configs=('2L', '6L', '2x3'),
@@ -46,10 +51,18 @@ class PaperTableTest(absltest.TestCase):
     self.assertEqual(paper_table.runs_of(no_agreement), [('3x2', 4, 0.0)])
 
   def test_decoded_row_helpers(self):
-    # tools.common's examples: text before EOS, tokens produced with EOS.
+    # tools.common's examples: text before EOS, tokens produced with EOS;
+    # the table's plateau.
     result = doctest.testmod(common)
     self.assertGreaterEqual(result.attempted, 2)
     self.assertEqual(result.failed, 0)
+    result = doctest.testmod(paper_table)
+    self.assertGreaterEqual(result.attempted, 2)
+    self.assertEqual(result.failed, 0)
+    points = [{'step': s, 'loss': [l]} for s, l in [(5, 2.0), (10, 1.5)]]
+    self.assertFalse(paper_table.plateau(points, 10)['reached'])   # 25%
+    self.assertIsNone(paper_table.plateau(points[1:], 10))  # no earlier point
+    self.assertIsNone(paper_table.plateau(points[:1], 10))  # unfinished
     self.assertEqual(common.produced_count([[1, 0], [0, 0, 0]]), 4)
 
   def test_bad_flags_and_data_dir(self):
@@ -59,8 +72,58 @@ class PaperTableTest(absltest.TestCase):
       paper_table.main(['--configs', '2L,2x3', '--sweep_configs', '3x2',
                         '--out_dir', '/tmp/unused'])
     with self.assertRaisesRegex(FileNotFoundError, 'has no train.tsv'):
-      paper_table.prepare_data('/tmp/unused', paper_table.TINY,
-                               tempfile.mkdtemp(), print)
+      paper_table_data.prepare_data('/tmp/unused', self.vocab_size,
+                                    tempfile.mkdtemp(), print)
+
+  def test_language_pair_follows_the_flag_or_the_data(self):
+    self.assertEqual(gettext_data.read_languages(self.data_dir), ('en', 'fr'))
+    self.assertEqual(paper_table_data.data_languages(None, None), ('en', 'fr'))
+    self.assertEqual(paper_table_data.data_languages(self.data_dir, None),
+                     ('en', 'fr'))
+    self.assertEqual(paper_table_data.data_languages(self.data_dir, 'en,de'),
+                     ('en', 'de'))
+    for bad in ('en', 'en,en', 'en,xx', 'en,de,fr'):
+      with self.assertRaisesRegex(ValueError, '--languages'):
+        paper_table_data.parse_languages(bad)
+    with self.assertRaises(SystemExit):
+      paper_table.main(['--languages', 'en,klingon', '--out_dir',
+                        '/tmp/unused'])
+    # TSVs of your own name their languages, by flag or by file.
+    mine = tempfile.mkdtemp()
+    for name in ('train.tsv', 'test.tsv', 'spm.model'):
+      shutil.copy(os.path.join(self.data_dir, name), mine)
+    with self.assertRaisesRegex(ValueError, 'pass --languages'):
+      paper_table_data.data_languages(mine, None)
+    gettext_data.write_languages(mine, ('en', 'de'))
+    languages = paper_table_data.data_languages(mine, None)
+    self.assertEqual(languages, ('en', 'de'))
+    paper_table_data.prepare_data('/tmp/unused', self.vocab_size, mine,
+                                  lambda _: None, languages)
+    try:
+      task = seqio.get_mixture_or_task(paper_table_data.TASK)
+      example = next(task.get_dataset(
+          paper_table.TINY.lengths, split='test',
+          shuffle=False).as_numpy_iterator())
+    finally:
+      paper_table_data.prepare_data(self.out, self.vocab_size, None,
+                                    lambda _: None)
+    self.assertStartsWith(example['inputs_pretokenized'].decode(),
+                          'translate English to German: ')
+    # The gettext set translates from English to a catalog language.
+    with self.assertRaisesRegex(ValueError, '--languages de,fr'):
+      paper_table_data.prepare_data('/tmp/unused', self.vocab_size, None,
+                                    print, ('de', 'fr'))
+    with mock.patch.object(gettext_data, 'build',
+                           side_effect=RuntimeError('built')) as build:
+      with self.assertRaisesRegex(RuntimeError, 'built'):
+        paper_table_data.prepare_data(tempfile.mkdtemp(), self.vocab_size,
+                                      None, lambda _: None, ('en', 'de'))
+    self.assertEqual(build.call_args.args[1].language, 'de')
+    # The T5X trainer's task module registers the same prompt.
+    module = paper_table_train._TASK_MODULE.format(
+        task='t', data_dir='/d', spm='/d/spm.model', languages=('en', 'de'))
+    self.assertIn("languages=('en', 'de'))", module)
+    compile(module, 'task_module', 'exec')
 
   def test_tiny_run_writes_the_table(self):
     out = tempfile.mkdtemp()
@@ -84,6 +147,24 @@ class PaperTableTest(absltest.TestCase):
         self.assertGreaterEqual(row['speed']['steps_per_token'], 1.0)
         self.assertGreater(row['replay']['speedup'], 0.0)
         self.assertEqual(row['replay']['width'], 64)
+    for row in results['runs']:
+      # The validation curve: a point (and a checkpoint) every step here.
+      self.assertEqual([p['step'] for p in row['validation']], [1, 2, 3])
+      r = paper_table.CONFIGS[row['config']][1]
+      self.assertTrue(all(len(p['loss']) == r and min(p['loss']) > 0
+                          for p in row['validation']))
+      self.assertEqual(row['plateau']['from_step'], 2)
+      self.assertGreater(row['train_positions_per_second'], 0)
+    run_dirs = os.listdir(os.path.join(out, 'runs'))
+    for run_dir in run_dirs:
+      self.assertCountEqual(
+          os.listdir(os.path.join(out, 'runs', run_dir, 'checkpoints')),
+          ['step_1.msgpack', 'step_2.msgpack', 'step_3.msgpack'])
+    last = paper_table_train.load_params(paper_table_train.checkpoint_path(
+        os.path.join(out, 'runs', run_dirs[0]), 3))
+    final, _ = paper_table_train._load(os.path.join(out, 'runs', run_dirs[0]))
+    for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(final)):
+      np.testing.assert_array_equal(a, b)
     self.assertIn('exit_1/agreement', results['runs'][2]['final_train'])
     self.assertNotIn('exit_1/agreement', results['runs'][1]['final_train'])
     self.assertCountEqual(results['latency_ms_per_token'],
@@ -100,8 +181,8 @@ class PaperTableTest(absltest.TestCase):
   def test_t5x_train_gives_the_library_trainers_parameters(self):
     pytest.importorskip('t5x')
     settings = paper_table.TINY
-    vocab_size = seqio.get_mixture_or_task(paper_table.TASK).output_features[
-        'targets'].vocabulary.vocab_size
+    vocab_size = seqio.get_mixture_or_task(
+        paper_table_data.TASK).output_features['targets'].vocabulary.vocab_size
     progress = common.Progress('test', total=1, quiet=True)
     trained = {}
     for which in paper_table_train.TRAINERS:
@@ -153,7 +234,13 @@ class PaperTableTest(absltest.TestCase):
         recipe, exit_agreement_target='argmax')), key())   # unused at λ=0
     with open(os.path.join(copy, 'train.tsv'), 'ab') as f:
       f.write(b'Yes\tOui\n')
+    self.assertEqual(paper_table_train.run_key(
+        '2x3', config, recipe, 'library', 8, {'inputs': 24, 'targets': 24},
+        self.data_dir, ('en', 'fr')), key())
     changed = [key(data=copy), key(batch_size=16),
+               paper_table_train.run_key(
+                   '2x3', config, recipe, 'library', 8,
+                   {'inputs': 24, 'targets': 24}, copy, ('en', 'de')),
                key(config=dataclasses.replace(config, mlp_dim=96)),
                key(recipe=dataclasses.replace(recipe, learning_rate=1e-3)),
                key(recipe=dataclasses.replace(recipe, exit_agreement=0.3)),
