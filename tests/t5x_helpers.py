@@ -140,6 +140,18 @@ def jitted(method, **static):
   return jax.jit(functools.partial(method, **static))
 
 
+def assert_scores_and_decodes_match(ours, theirs, params, batch):
+  """Asserts that two T5X models score `batch` alike and predict the same
+  tokens (jitted as the binaries jit them); returns both aux dicts."""
+  np.testing.assert_allclose(jitted(ours.score_batch)(params, batch),
+                             jitted(theirs.score_batch)(params, batch),
+                             rtol=1e-5)
+  decodes, aux = jitted(ours.predict_batch_with_aux)(params, batch)
+  t5x_decodes, t5x_aux = jitted(theirs.predict_batch_with_aux)(params, batch)
+  np.testing.assert_array_equal(decodes, t5x_decodes)
+  return aux, t5x_aux
+
+
 def init_params(model, batch, seed=0):
   """Random parameters of `model` for `batch`'s shapes
   (`testing.draw_params`)."""

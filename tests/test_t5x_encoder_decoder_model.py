@@ -47,13 +47,8 @@ class UnsharedParityTest(absltest.TestCase):
       if not name.startswith('timing/'):
         np.testing.assert_allclose(metrics[name].compute(), metric.compute(),
                                    rtol=1e-6, err_msg=name)
-    np.testing.assert_allclose(th.jitted(ours.score_batch)(params, batch),
-                               th.jitted(theirs.score_batch)(params, batch),
-                               rtol=1e-5)
-    decodes, aux = th.jitted(ours.predict_batch_with_aux)(params, batch)
-    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux)(params,
-                                                                    batch)
-    np.testing.assert_array_equal(decodes, t5x_decodes)
+    aux, t5x_aux = th.assert_scores_and_decodes_match(ours, theirs, params,
+                                                      batch)
     self.assertEqual(set(aux), set(t5x_aux))
 
   def test_beam_search_matches_t5x_model(self):

@@ -16,7 +16,6 @@ import gin  # pylint: disable=g-import-not-at-top
 from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 from t5x_speed import decoding
 from t5x_speed import losses
-from t5x_speed import models
 from t5x_speed import sampling
 from t5x_speed import steps
 import t5x_helpers as th
@@ -77,13 +76,7 @@ class UnsharedParityTest(parameterized.TestCase):
     for name in ('accuracy', 'loss', 'z_loss', 'cross_ent_loss'):
       np.testing.assert_allclose(metrics[name].compute(),
                                  t5x_metrics[name].compute(), rtol=1e-6)
-    np.testing.assert_allclose(th.jitted(ours.score_batch)(params, batch),
-                               th.jitted(theirs.score_batch)(params, batch),
-                               rtol=1e-5)
-    decodes, aux = th.jitted(ours.predict_batch_with_aux)(params, batch)
-    t5x_decodes, t5x_aux = th.jitted(theirs.predict_batch_with_aux)(params,
-                                                                    batch)
-    np.testing.assert_array_equal(decodes, t5x_decodes)
+    aux, _ = th.assert_scores_and_decodes_match(ours, theirs, params, batch)
     self.assertEqual(set(aux), {'scores'})
 
 
