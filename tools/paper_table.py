@@ -139,11 +139,8 @@ def evaluate(module, params, settings: TableSettings, prompts, lengths,
   result = {**metrics.bleu_and_chrf(refs, texts),
             'examples': [{'reference': a, 'prediction': b}
                          for a, b in zip(refs[:3], texts[:3])]}
-  batches = paper_table_data.batches('test', settings.lengths, 32, pack=False,
-                                     shuffle=False).take(
-      max(settings.consistency_examples // 32, 1)).as_numpy_iterator()
-  result['consistency'] = {k: v.tolist() for k, v in trainer.exit_consistency(
-      module, params, batches).items()}
+  result['consistency'] = teacher_forced(
+      module, params, 'test', settings.consistency_examples, settings)
   if r > 1:
     totals = {k: sum(s[k] for s in stats) for k in ('example_steps',
                                                      'tokens', 'flushes')}
@@ -250,15 +247,24 @@ def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
       max(settings.steps // settings.curve_points, 1))
 
 
+def teacher_forced(module, params, split: str, examples: int,
+                   settings: TableSettings) -> Dict[str, List[float]]:
+  """Each exit's teacher-forced loss, accuracy, agreement with the final
+  exit and flip rate (`trainer.exit_consistency`) on the first `examples`
+  of `split`, in batches of 32."""
+  batches = paper_table_data.batches(split, settings.lengths, 32,
+                                     pack=False, shuffle=False)
+  batches = batches.take(max(examples // 32, 1)).as_numpy_iterator()
+  return {k: v.tolist() for k, v in trainer.exit_consistency(
+      module, params, batches).items()}
+
+
 def validation_point(module, params, settings: TableSettings
                      ) -> Dict[str, List[float]]:
-  """One point of a run's validation curve: each exit's teacher-forced
-  loss, accuracy and flip rate on the first validation examples."""
-  batches = paper_table_data.batches('validation', settings.lengths, 32,
-                                     pack=False, shuffle=False)
-  batches = batches.take(max(settings.validation_examples // 32, 1))
-  return {k: v.tolist() for k, v in trainer.exit_consistency(
-      module, params, batches.as_numpy_iterator()).items()}
+  """One point of a run's validation curve, on the first validation
+  examples."""
+  return teacher_forced(module, params, 'validation',
+                        settings.validation_examples, settings)
 
 
 def plateau(validation: List[Dict[str, Any]], steps: int,
@@ -308,14 +314,16 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
         trainer_kind, progress, quiet, languages)
     label = paper_table_train.run_label(name, seed, agreement)
     progress.log(f'evaluating {label}')
+    validation = record.get('validation', [])
     row = {'config': name, 'seed': seed, 'exit_agreement': agreement,
            'train_seconds': record['train_seconds'],
-           # Packed target positions per second of training.
+           # Positions of the packed sequences (prompt and target) trained
+           # on per second.
            'train_positions_per_second': (
                settings.steps * settings.batch_size *
-               settings.targets_length / record['train_seconds']),
-           'validation': record.get('validation', []),
-           'plateau': plateau(record.get('validation', []), settings.steps),
+               sum(settings.lengths.values()) / record['train_seconds']),
+           'validation': validation,
+           'plateau': plateau(validation, settings.steps),
            'trained_earlier': record['cached'],
            'final_train': record['history'][-1],
            **evaluate(module, params, settings, prompts, lengths, refs,

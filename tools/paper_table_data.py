@@ -27,17 +27,23 @@ TASK = 'speed_paper_table_translation'
 GETTEXT_LANGUAGES = ('en', 'fr')
 
 
-def parse_languages(text: str) -> Tuple[str, str]:
-  """('en', 'de') from `--languages en,de`; a clear error otherwise."""
-  codes = tuple(c.strip() for c in text.split(','))
+def check_languages(codes: Tuple[str, ...], where: str) -> Tuple[str, str]:
+  """`codes` if they are two different known codes, else an error naming
+  `where` they came from."""
   if len(codes) != 2 or codes[0] == codes[1]:
-    raise ValueError(f'--languages: expected two different codes, source '
-                     f'and target (e.g. en,de), got {text!r}.')
+    raise ValueError(f'{where}: expected two different codes, source and '
+                     f'target (e.g. en,de), got {",".join(codes)!r}.')
   unknown = [c for c in codes if c not in preprocessors.LANGUAGE_NAMES]
   if unknown:
-    raise ValueError(f'--languages: unknown code(s) {unknown}; known: '
+    raise ValueError(f'{where}: unknown code(s) {unknown}; known: '
                      f'{",".join(sorted(preprocessors.LANGUAGE_NAMES))}.')
   return codes
+
+
+def parse_languages(text: str) -> Tuple[str, str]:
+  """('en', 'de') from `--languages en,de`; a clear error otherwise."""
+  return check_languages(tuple(c.strip() for c in text.split(',')),
+                         '--languages')
 
 
 def data_languages(data_dir: Optional[str], languages: Optional[str]
@@ -53,7 +59,8 @@ def data_languages(data_dir: Optional[str], languages: Optional[str]
     raise ValueError(f'--data_dir {data_dir} has no '
                      f'{gettext_data.LANGUAGES_FILE}: pass --languages '
                      'SRC,TGT (e.g. en,de) to name its columns.')
-  return parse_languages(','.join(found))
+  return check_languages(found, os.path.join(data_dir,
+                                            gettext_data.LANGUAGES_FILE))
 
 
 def prepare_data(out_dir: str, vocab_size: int, data_dir: Optional[str], log,

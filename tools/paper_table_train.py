@@ -28,9 +28,11 @@ import numpy as np
 
 from t5x_speed import network
 from tools import common
+from tools import paper_table_data
 from tools import trainer
 
 TRAINERS = ('library', 't5x')
+GETTEXT = paper_table_data.GETTEXT_LANGUAGES
 # Part of every run's key: raise it when a change to the trainers' code
 # changes what they train, so that runs kept from before are not reused.
 RECIPE_VERSION = 1
@@ -65,7 +67,7 @@ def _file_digest(path: str) -> str:
 def run_key(name: str, config: network.TransformerConfig,
             recipe: trainer.Recipe, trainer_kind: str, batch_size: int,
             lengths: Dict[str, int], data_dir: str,
-            languages: Tuple[str, str] = ('en', 'fr')) -> str:
+            languages: Tuple[str, str] = GETTEXT) -> str:
   """The directory name of one run: readable, plus a hash of everything else
   that changes the trained model (architecture, recipe, batches and the
   contents of the training data and vocabulary, and the languages its
@@ -81,7 +83,7 @@ def run_key(name: str, config: network.TransformerConfig,
       # Only where they are not the gettext set's: runs trained before the
       # option existed keep their keys.
       **({'languages': list(languages)}
-         if tuple(languages) != ('en', 'fr') else {}),
+         if tuple(languages) != GETTEXT else {}),
       'data': [_file_digest(os.path.join(data_dir, f))
                for f in ('train.tsv', 'spm.model')]},
                                      sort_keys=True, default=str).encode())
@@ -95,12 +97,20 @@ def _write_atomically(path: str, data: bytes):
   os.replace(path + '.tmp', path)
 
 
+def save_params(path: str, params) -> None:
+  _write_atomically(path, flax.serialization.msgpack_serialize(
+      jax.device_get(params)))
+
+
+def load_params(path: str):
+  with open(path, 'rb') as f:
+    return flax.serialization.msgpack_restore(f.read())
+
+
 def _save(run_dir: str, params, record: Dict[str, Any]):
   """Parameters first, the record last: a run is complete once its record
   exists."""
-  _write_atomically(os.path.join(run_dir, 'params.msgpack'),
-                    flax.serialization.msgpack_serialize(
-                        jax.device_get(params)))
+  save_params(os.path.join(run_dir, 'params.msgpack'), params)
   _write_atomically(os.path.join(run_dir, 'train.json'),
                     json.dumps(record, indent=1).encode())
 
@@ -109,10 +119,8 @@ def _load(run_dir: str):
   paths = [os.path.join(run_dir, f) for f in ('params.msgpack', 'train.json')]
   if not all(os.path.exists(p) for p in paths):
     return None
-  with open(paths[0], 'rb') as f:
-    params = flax.serialization.msgpack_restore(f.read())
   with open(paths[1]) as f:
-    return params, json.load(f)
+    return load_params(paths[0]), json.load(f)
 
 
 def train_library(module: network.SpeedTransformer, batches, recipe:
@@ -128,11 +136,6 @@ def train_library(module: network.SpeedTransformer, batches, recipe:
 def checkpoint_path(run_dir: str, step: int) -> str:
   """Where a run keeps its parameters after `step` (the curves' points)."""
   return os.path.join(run_dir, 'checkpoints', f'step_{step}.msgpack')
-
-
-def load_params(path: str):
-  with open(path, 'rb') as f:
-    return flax.serialization.msgpack_restore(f.read())
 
 
 def t5x_gin(config: network.TransformerConfig, recipe: trainer.Recipe,
@@ -204,7 +207,7 @@ def _exit_scalars(event_dir: str) -> Dict[int, Dict[str, float]]:
 def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
               run_dir: str, task: str, data_dir: str, lengths: Dict[str, int],
               batch_size: int, progress: common.Progress,
-              languages: Tuple[str, str] = ('en', 'fr')
+              languages: Tuple[str, str] = GETTEXT
               ) -> Tuple[Any, List[Dict[str, float]]]:
   """Stock `python -m t5x.train` on the table's task; returns the trained
   parameters of its last checkpoint and the per-exit training metrics T5X
@@ -258,7 +261,7 @@ def trained_run(name: str, config: network.TransformerConfig,
                 batches_fn: Callable[[], Iterator[Dict[str, np.ndarray]]],
                 lengths: Dict[str, int], batch_size: int,
                 progress: common.Progress, quiet: bool,
-                languages: Tuple[str, str] = ('en', 'fr'),
+                languages: Tuple[str, str] = GETTEXT,
                 evaluate: Optional[Callable[[Any], Dict[str, Any]]] = None,
                 evaluate_every: int = 0
                 ) -> Tuple[network.SpeedTransformer, Any, Dict[str, Any]]:
@@ -295,8 +298,7 @@ def trained_run(name: str, config: network.TransformerConfig,
     began = time.perf_counter()
     path = checkpoint_path(run_dir, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _write_atomically(path, flax.serialization.msgpack_serialize(
-        jax.device_get(params)))
+    save_params(path, params)
     if evaluate is not None:
       validation.append({'step': step, **evaluate(params)})
     evaluate_seconds += time.perf_counter() - began

@@ -94,6 +94,9 @@ class PaperTableTest(absltest.TestCase):
       shutil.copy(os.path.join(self.data_dir, name), mine)
     with self.assertRaisesRegex(ValueError, 'pass --languages'):
       paper_table_data.data_languages(mine, None)
+    gettext_data.write_languages(mine, ('en', 'xx'))
+    with self.assertRaisesRegex(ValueError, 'languages.json: unknown'):
+      paper_table_data.data_languages(mine, None)
     gettext_data.write_languages(mine, ('en', 'de'))
     languages = paper_table_data.data_languages(mine, None)
     self.assertEqual(languages, ('en', 'de'))
@@ -154,7 +157,10 @@ class PaperTableTest(absltest.TestCase):
       self.assertTrue(all(len(p['loss']) == r and min(p['loss']) > 0
                           for p in row['validation']))
       self.assertEqual(row['plateau']['from_step'], 2)
-      self.assertGreater(row['train_positions_per_second'], 0)
+      # Every position of the packed sequences: 3 steps of 4 x (24 + 24).
+      self.assertAlmostEqual(
+          row['train_positions_per_second'] * row['train_seconds'],
+          3 * 4 * (24 + 24))
     run_dirs = os.listdir(os.path.join(out, 'runs'))
     for run_dir in run_dirs:
       self.assertCountEqual(
