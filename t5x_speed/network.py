@@ -68,9 +68,8 @@ class KVCache:
   Virtual layer v = r*G + j (repetition r, pass position j) owns entry [r] of
   `keys[j]` and `values[j]`: R*G caches in all, one per virtual layer.
 
-  An encoder-decoder model's cache also holds what its decoder attends to
-  in the encoder's output, computed once by the prefill: each unique
-  layer's keys and values and the encoder's padding.
+  An encoder-decoder model's cache also holds, computed once by the
+  prefill, each unique layer's keys and values of the encoder's output.
 
   Attributes:
     keys: G arrays of shape [R, batch, heads, length, head_dim].
@@ -91,10 +90,6 @@ class KVCache:
   @property
   def length(self) -> int:
     return self.keys[0].shape[3]
-
-  @property
-  def batch_size(self) -> int:
-    return self.keys[0].shape[1]
 
 
 def make_attention_mask(target_tokens: Array,
@@ -239,7 +234,8 @@ class Decoder(nn.Module):
                decoder_causal_attention: Optional[Array] = None, *,
                encoded: Optional[Array] = None,
                encoder_decoder_mask: Optional[Array] = None,
-               enable_dropout: bool = True, all_exits: bool = True) -> Array:
+               enable_dropout: bool = True, all_exits: bool = True,
+               exit_positions: Optional[Array] = None) -> Array:
     """Teacher-forced logits of every exit.
 
     Args:
@@ -255,10 +251,12 @@ class Decoder(nn.Module):
         nonzero where a decoder position may attend to an encoder position.
       enable_dropout: training mode.
       all_exits: return every exit, else only the last.
+      exit_positions: optional [batch, K]: the exits score only these
+        positions of each row (a loss's targets); None scores all.
 
     Returns:
-      [R, batch, length, vocab] float32 logits, exit r after repetition r+1;
-      [batch, length, vocab] if `all_exits` is False.
+      [R, batch, length, vocab] float32 logits (K for length with
+      `exit_positions`), exit r after repetition r+1; no R if not all_exits.
     """
     del decoder_positions
     self._check_encoded(encoded, '__call__')
@@ -279,7 +277,9 @@ class Decoder(nn.Module):
                                  self._layer_cross(cross, v))
         x = layers.with_sharding_constraint(x, ('batch', 'length', 'embed'))
       if all_exits or r == cfg.num_repeats - 1:
-        exits.append(self.exit_logits(x, deterministic))
+        y = x if exit_positions is None else jnp.take_along_axis(
+            x, exit_positions[..., None], axis=1)
+        exits.append(self.exit_logits(y, deterministic))
     return jnp.stack(exits) if all_exits else exits[-1]
 
   # -- cached decoding -------------------------------------------------------
@@ -411,12 +411,11 @@ class Decoder(nn.Module):
         empty slot (which then writes nothing).
       cache: the `KVCache`.
       speculative_vocab_size: if set, the speculative exits (slots < R-1)
-        score only the first that many token ids (a SentencePiece vocabulary
-        lists its most frequent pieces first) and the others get -inf. The
-        last slot, whose prediction is committed, always scores the whole
-        vocabulary, so outputs are unchanged; a token outside the shortlist
-        can only cost a flush. On hardware where a matmul over R rows costs
-        about R one-row matmuls (XLA:CPU), this halves the classifier.
+        score only the first that many ids (SentencePiece lists its most
+        frequent pieces first), the others -inf; the last slot scores the
+        whole vocabulary, so outputs are unchanged and a token outside the
+        shortlist can only cost a flush (where R rows cost about R one-row
+        matmuls, as on XLA:CPU, this halves the classifier).
       numerics: how the step computes (`t5x_speed.cpu.DecodeNumerics`);
         None is XLA's ops.
 
@@ -483,8 +482,7 @@ class SpeedTransformer(nn.Module):
 
   def decode_step(self, tokens: Array, positions: Array, cache: KVCache,
                   numerics: layers.Numerics = None) -> Tuple[Array, KVCache]:
-    """`Decoder.decode_step` with `numerics`, by default the model's own
-    (`step_numerics(config)`)."""
+    """`Decoder.decode_step`; `numerics` defaults to `step_numerics`'s."""
     return self.decoder.decode_step(tokens, positions, cache,
                                     numerics or step_numerics(self.config))
 
@@ -492,8 +490,7 @@ class SpeedTransformer(nn.Module):
                  cache: KVCache, speculative_vocab_size: Optional[int] = None,
                  numerics: layers.Numerics = None
                  ) -> Tuple[Array, Array, KVCache]:
-    """`Decoder.speed_step` with `numerics`, by default the model's own
-    (`step_numerics(config)`)."""
+    """`Decoder.speed_step`; `numerics` defaults to `step_numerics`'s."""
     return self.decoder.speed_step(tokens, carry, positions, cache,
                                    speculative_vocab_size,
                                    numerics or step_numerics(self.config))

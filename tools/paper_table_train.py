@@ -125,12 +125,13 @@ def _load(run_dir: str):
 
 def train_library(module: network.SpeedTransformer, batches, recipe:
                   trainer.Recipe, quiet: bool, desc: str,
-                  evaluate=None, evaluate_every: int = 0
+                  evaluate=None, evaluate_every: int = 0, restore=None
                   ) -> Tuple[Any, List[Dict[str, float]]]:
   """The tools' trainer, initialised as `t5x.train` initialises."""
   return trainer.train(module, batches, recipe, progress_bar=not quiet,
                        desc=desc, init_rng=t5x_init_rng(recipe.seed),
-                       evaluate=evaluate, evaluate_every=evaluate_every)
+                       evaluate=evaluate, evaluate_every=evaluate_every,
+                       restore=restore)
 
 
 def checkpoint_path(run_dir: str, step: int) -> str:
@@ -258,7 +259,7 @@ def train_t5x(config: network.TransformerConfig, recipe: trainer.Recipe,
 def trained_run(name: str, config: network.TransformerConfig,
                 recipe: trainer.Recipe, trainer_kind: str, out_dir: str,
                 data_dir: str, task: str,
-                batches_fn: Callable[[], Iterator[Dict[str, np.ndarray]]],
+                batches_fn: Callable[[int], Iterator[Dict[str, np.ndarray]]],
                 lengths: Dict[str, int], batch_size: int,
                 progress: common.Progress, quiet: bool,
                 languages: Tuple[str, str] = GETTEXT,
@@ -267,12 +268,15 @@ def trained_run(name: str, config: network.TransformerConfig,
                 ) -> Tuple[network.SpeedTransformer, Any, Dict[str, Any]]:
   """(module, params, {'history', 'train_seconds', 'trainer', 'cached',
   'validation'}) of one run: trained by `trainer_kind` ('library' or 't5x')
-  on `batches_fn()` (the library) or on `task` (T5X), or read back from the
-  run directory when an earlier table trained it.
+  on `batches_fn(skip)` (the library; the batches after the first `skip`)
+  or on `task` (T5X), or read back from the run directory when an earlier
+  table trained it.
 
   With the library trainer, every `evaluate_every` steps and after the last
   the parameters are kept (`checkpoint_path`) and `evaluate(params)` adds a
   point to the record's 'validation' curve; its time is not training time.
+  An interrupted run goes on from its last such point (`resume.msgpack`
+  holds the optimizer's state too, until the run completes).
   """
   if trainer_kind not in TRAINERS:
     raise ValueError(f'trainer must be one of {TRAINERS}, got '
@@ -288,30 +292,62 @@ def trained_run(name: str, config: network.TransformerConfig,
     params, record = cached
     return module, params, {**record, 'cached': True}
   os.makedirs(run_dir, exist_ok=True)
-  progress.log(f'training {label}: {recipe.steps} steps ({trainer_kind} '
-               'trainer)')
+  resume_path = os.path.join(run_dir, 'resume.msgpack')
+  validation = []
+  # Seconds of training and of evaluation before this process went on with
+  # the run, and this process's evaluation.
+  seconds = {'train': 0.0, 'evaluate': 0.0, 'evaluated': 0.0}
   start = time.perf_counter()
-  validation, evaluate_seconds = [], 0.0
 
-  def on_evaluate(step, params):
-    nonlocal evaluate_seconds
+  def elapsed():
+    return {'train_seconds': seconds['train'] + time.perf_counter() - start
+                             - seconds['evaluated'],
+            'evaluate_seconds': seconds['evaluate'] + seconds['evaluated']}
+
+  def on_evaluate(state):
     began = time.perf_counter()
-    path = checkpoint_path(run_dir, step)
+    path = checkpoint_path(run_dir, state.step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    save_params(path, params)
+    save_params(path, state.params)
     if evaluate is not None:
-      validation.append({'step': step, **evaluate(params)})
-    evaluate_seconds += time.perf_counter() - began
+      validation.append({'step': state.step, **evaluate(state.params)})
+    seconds['evaluated'] += time.perf_counter() - began
+    meta = {'step': state.step, 'history': state.history,
+            'validation': validation, **elapsed()}
+    _write_atomically(resume_path, flax.serialization.msgpack_serialize({
+        'meta': json.dumps(meta), 'state': flax.serialization.to_state_dict(
+            jax.device_get({'params': state.params,
+                            'opt_state': state.opt_state}))}))
+
+  def restore(initial):
+    resumed = load_params(resume_path)
+    meta = json.loads(resumed['meta'])
+    state = flax.serialization.from_state_dict(
+        {'params': initial.params, 'opt_state': initial.opt_state},
+        resumed['state'])
+    validation.extend(meta['validation'])
+    seconds.update(train=meta['train_seconds'],
+                   evaluate=meta['evaluate_seconds'])
+    progress.log(f'{label}: going on from step {meta["step"]}')
+    return trainer.TrainState(meta['step'], state['params'],
+                              state['opt_state'], meta['history'])
+
   if trainer_kind == 'library':
+    skip = (json.loads(load_params(resume_path)['meta'])['step']
+            if evaluate_every and os.path.exists(resume_path) else 0)
+    progress.log(f'training {label}: {recipe.steps} steps (library trainer)')
     params, history = train_library(
-        module, batches_fn(), recipe, quiet, label,
-        on_evaluate if evaluate_every else None, evaluate_every)
+        module, batches_fn(skip), recipe, quiet, label,
+        on_evaluate if evaluate_every else None, evaluate_every,
+        restore if skip else None)
   else:
+    progress.log(f'training {label}: {recipe.steps} steps (t5x trainer)')
     params, history = train_t5x(config, recipe, run_dir, task, data_dir,
                                 lengths, batch_size, progress, languages)
-  record = {'history': history, 'validation': validation,
-            'train_seconds': (time.perf_counter() - start -
-                              evaluate_seconds),
-            'evaluate_seconds': evaluate_seconds, 'trainer': trainer_kind}
+  record = {'history': history, 'validation': validation, **elapsed(),
+            'trainer': trainer_kind}
   _save(run_dir, params, record)
+  if os.path.exists(resume_path):
+    os.remove(resume_path)
   return module, params, {**record, 'cached': False}
+

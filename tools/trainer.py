@@ -38,6 +38,17 @@ class Recipe:
   log_every: int = 20                # steps between history records
 
 
+@dataclasses.dataclass
+class TrainState:
+  """Where training stands after `step` steps: enough to go on from there
+  (given the batches after the first `step`)."""
+
+  step: int
+  params: Any
+  opt_state: Any
+  history: List[Dict[str, float]]
+
+
 def schedule_settings(recipe: Recipe) -> Dict[str, float]:
   """The arguments of optax's `warmup_cosine_decay_schedule` for `recipe`."""
   return {'init_value': 0.0, 'peak_value': recipe.learning_rate,
@@ -48,19 +59,52 @@ def schedule_settings(recipe: Recipe) -> Dict[str, float]:
 
 def forward(module: network.SpeedTransformer, params, batch,
             enable_dropout: bool = False, rngs=None) -> jax.Array:
-  """Every exit's logits [R, batch, length, vocab] on a converted batch."""
+  """Every exit's logits [R, batch, length, vocab] on a converted batch
+  (length: K, at the batch's `exit_positions` [batch, K] if it has them)."""
   return module.apply(
       {'params': params}, batch['decoder_input_tokens'],
       batch['decoder_target_tokens'], batch.get('decoder_segment_ids'),
       batch.get('decoder_positions'), batch['decoder_causal_attention'],
-      enable_dropout=enable_dropout, rngs=rngs)
+      enable_dropout=enable_dropout, rngs=rngs,
+      exit_positions=batch.get('exit_positions'))
+
+
+def with_exit_positions(batch: Dict[str, np.ndarray], multiple: int = 32
+                        ) -> Dict[str, np.ndarray]:
+  """`batch` with the positions that carry loss weight, per row, for the
+  exits to score alone: 'exit_positions' [batch, K] and the targets and
+  weights there ('exit_targets', 'exit_weights'; weight 0 where a row has
+  fewer than K). K, the most of any row rounded up to `multiple` (so that
+  few shapes compile), is about a third of a packed prefix-LM row, whose
+  inputs and padding need no logits.
+
+  >>> out = with_exit_positions({'decoder_target_tokens': np.array(
+  ...     [[5, 6, 7, 8], [5, 6, 7, 0]]), 'decoder_loss_weights': np.array(
+  ...     [[0, 1, 0, 1], [0, 0, 1, 0]])}, multiple=2)
+  >>> out['exit_positions'].tolist(), out['exit_targets'].tolist()
+  ([[1, 3], [2, 0]], [[6, 8], [7, 5]])
+  >>> out['exit_weights'].tolist()
+  [[1, 1], [1, 0]]
+  """
+  weights = np.asarray(batch['decoder_loss_weights'])
+  most = int((weights > 0).sum(1).max())
+  k = min(max(-(-most // multiple) * multiple, multiple),
+          weights.shape[1])
+  # A stable sort puts each row's weighted positions first, in order.
+  positions = np.argsort(weights <= 0, axis=1, kind='stable')[:, :k]
+  take = lambda x: np.take_along_axis(np.asarray(x), positions, 1)
+  return {**batch, 'exit_positions': positions.astype(np.int32),
+          'exit_targets': take(batch['decoder_target_tokens']),
+          'exit_weights': take(weights)}
 
 
 def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
           recipe: Recipe, progress_bar: bool = True, desc: str = 'training',
           init_rng: Optional[jax.Array] = None,
-          evaluate: Optional[Callable[[int, Any], None]] = None,
-          evaluate_every: int = 0) -> Tuple[Any, List[Dict[str, float]]]:
+          evaluate: Optional[Callable[[TrainState], None]] = None,
+          evaluate_every: int = 0,
+          restore: Optional[Callable[[TrainState], TrainState]] = None
+          ) -> Tuple[Any, List[Dict[str, float]]]:
   """Trains `module` on `batches`; returns (params, history).
 
   The parameters are initialised from `init_rng`, by default
@@ -69,8 +113,11 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
   accuracy, flip rates and, with the agreement term on, each early exit's
   A_i (all per target token).
   `progress_bar` shows the steps, losses and flip rates on stderr.
-  `evaluate(step, params)` runs every `evaluate_every` steps (0: never) and
+  `evaluate(state)` runs every `evaluate_every` steps (0: never) and
   after the last, outside the timed step (checkpoints, validation curves).
+  `restore(initial_state)` returns the state to go on from (e.g. one that
+  `evaluate` saved, read into the initial state's structure); `batches`
+  then starts after that state's step.
   """
   agreement = losses.check_exit_agreement(recipe.exit_agreement,
                                           recipe.exit_agreement_target)
@@ -83,14 +130,15 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
                        enable_dropout=False)['params']
   schedule = optax.warmup_cosine_decay_schedule(**schedule_settings(recipe))
   optimizer = optax.adamw(schedule, weight_decay=WEIGHT_DECAY)
-  opt_state = optimizer.init(params)
+  state = TrainState(0, params, optimizer.init(params), [])
+  if restore is not None:
+    state = restore(state)
 
-  @jax.jit
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch):
     def loss_fn(p):
-      exit_logits = forward(module, p, batch)
-      targets, weights = (batch['decoder_target_tokens'],
-                          batch['decoder_loss_weights'])
+      exit_logits = forward(module, p, batch)   # at the weighted positions
+      targets, weights = batch['exit_targets'], batch['exit_weights']
       loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
           exit_logits, targets, weights, recipe.exit_weighting)
       logs = {'loss': per_exit / weight_sum}
@@ -107,12 +155,14 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
     return optax.apply_updates(params, updates), opt_state, logs, stats
 
   num_repeats = module.config.num_repeats
-  history = []
-  bar = tqdm.tqdm(range(1, recipe.steps + 1), desc=desc, unit='step',
+  params, opt_state, history = state.params, state.opt_state, state.history
+  bar = tqdm.tqdm(range(state.step + 1, recipe.steps + 1), desc=desc,
+                  unit='step', initial=state.step, total=recipe.steps,
                   dynamic_ncols=True, disable=not progress_bar)
   batch = first
   for step in bar:
-    params, opt_state, logs, stats = train_step(params, opt_state, batch)
+    params, opt_state, logs, stats = train_step(params, opt_state,
+                                                with_exit_positions(batch))
     if step < recipe.steps:
       batch = next(batches)
     if step % recipe.log_every == 0 or step == recipe.steps:
@@ -130,7 +180,7 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
       bar.set_postfix(postfix, refresh=False)
     if evaluate is not None and (step == recipe.steps or (
         evaluate_every and step % evaluate_every == 0)):
-      evaluate(step, params)
+      evaluate(TrainState(step, params, opt_state, history))
   bar.close()
   return params, history
 

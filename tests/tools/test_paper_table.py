@@ -36,6 +36,7 @@ class PaperTableTest(absltest.TestCase):
 
   def test_runs_of_the_table(self):
     settings = paper_table.TableSettings(configs=('2L', '6L', '2x3'),
+                                         sweep_configs=('2x3',),
                                          seeds=(0, 1), exit_agreements=(0.5,))
     self.assertEqual(paper_table.runs_of(settings), [
         ('2L', 0, 0.0), ('6L', 0, 0.0), ('2x3', 0, 0.0), ('2x3', 1, 0.0),
@@ -220,6 +221,43 @@ class PaperTableTest(absltest.TestCase):
     self.assertTrue(record['cached'])
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(trained['t5x'])):
       np.testing.assert_array_equal(a, b)
+
+  def test_an_interrupted_run_goes_on_from_its_last_point(self):
+    settings = paper_table.TINY      # 3 steps, a curve point after each
+    vocab_size = seqio.get_mixture_or_task(
+        paper_table_data.TASK).output_features['targets'].vocabulary.vocab_size
+    progress = common.Progress('test', total=1, quiet=True)
+    train = lambda out: paper_table.train_run(
+        '2L', 0, 0.0, settings, vocab_size, out, self.data_dir, 'library',
+        progress, quiet=True)
+    _, whole, whole_record = train(tempfile.mkdtemp())
+
+    class Interrupted(Exception):
+      pass
+    points, point = [], paper_table.validation_point
+
+    def point_then_stop(module, params, settings):
+      if len(points) == 2:
+        raise Interrupted     # the process dies at the third point
+      points.append(1)
+      return point(module, params, settings)
+    out = tempfile.mkdtemp()
+    with mock.patch.object(paper_table, 'validation_point', point_then_stop):
+      with self.assertRaises(Interrupted):
+        train(out)
+    (run_dir,) = os.listdir(os.path.join(out, 'runs'))
+    run_dir = os.path.join(out, 'runs', run_dir)
+    self.assertTrue(os.path.exists(os.path.join(run_dir, 'resume.msgpack')))
+    _, resumed, record = train(out)
+    # The same batches, optimizer state and schedule: the same parameters
+    # and records as the uninterrupted run's.
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole)):
+      np.testing.assert_array_equal(a, b)
+    self.assertEqual(record['history'], whole_record['history'])
+    self.assertEqual([p['step'] for p in record['validation']], [1, 2, 3])
+    self.assertEqual(record['validation'], whole_record['validation'])
+    self.assertGreater(record['train_seconds'], 0.0)
+    self.assertFalse(os.path.exists(os.path.join(run_dir, 'resume.msgpack')))
 
   def test_run_key_follows_what_changes_the_model(self):
     config = paper_table.model_config('2x3', paper_table.TINY, 300)
