@@ -12,7 +12,9 @@ Filtering, in this order (each pair counted under the first rule it fails):
   not sentences;
 * `empty`: either side empty after whitespace is collapsed (tabs and
   newlines become spaces, so that a pair is one TSV line);
-* `too_long`: either side over `max_chars` characters;
+* `too_long`: either side over `long_max_chars` characters (a pair over
+  `max_chars` but within `long_max_chars` that passes the other rules goes
+  to the `long` split, unless its English text is also a shorter pair's);
 * `placeholders`: the English side is mostly format placeholders
   (`%s`, `%(name)d`, `{0}`, `$VAR`, `<tag>`): fewer than 3 letters, or
   fewer letters than half its other characters, once they are removed;
@@ -21,12 +23,14 @@ Filtering, in this order (each pair counted under the first rule it fails):
   order, so the first catalog's translation wins).
 
 The split is a hash of the English text: deterministic, independent of the
-order and number of catalogs, and a text never lands in two splits.
+order and number of catalogs, and a text never lands in two splits. The
+`long` split (multi-sentence help texts and descriptions) is a test set of
+long outputs: no model trained on the others has seen its pairs.
 
 Example:
   python -m tools.gettext_data --out_dir /tmp/gettext_enfr
-  # writes train.tsv, validation.tsv, test.tsv, spm.model, stats.json and
-  # languages.json ({"source": "en", "target": "fr"})
+  # writes train.tsv, validation.tsv, test.tsv, long.tsv, spm.model,
+  # stats.json and languages.json ({"source": "en", "target": "fr"})
 """
 
 import argparse
@@ -46,6 +50,7 @@ from tools import common
 
 DEFAULT_LOCALE_DIR = '/usr/share/locale'
 SPLITS = ('train', 'validation', 'test')
+LONG_SPLIT = 'long'
 LANGUAGES_FILE = 'languages.json'
 FILTERS = ('names_list', 'empty', 'too_long', 'placeholders', 'untranslated',
            'duplicate')
@@ -64,6 +69,7 @@ class Settings:
   locale_dir: str = DEFAULT_LOCALE_DIR
   language: str = 'fr'
   max_chars: int = 200
+  long_max_chars: int = 1000
   validation_fraction: float = 0.05
   test_fraction: float = 0.05
   exclude_catalogs: Tuple[str, ...] = ('iso_*',)
@@ -129,9 +135,10 @@ def build_pairs(settings: Settings
   """Reads, filters and splits the catalogs' pairs.
 
   Returns:
-    ({split: [(english, french), ...]}, counts): each split in reading
-    order; counts of `catalogs` (of them `unreadable`, skipped with a
-    warning), pairs `read`, `kept` and each filter's drops.
+    ({split: [(english, french), ...]}, counts): each split (SPLITS and
+    LONG_SPLIT) in reading order; counts of `catalogs` (of them
+    `unreadable`, skipped with a warning), pairs `read`, `kept` (in SPLITS)
+    and each filter's drops.
   """
   files = catalog_files(settings)
   if not files:
@@ -142,7 +149,10 @@ def build_pairs(settings: Settings
   counts = dict(catalogs=len(files), unreadable=0, read=0, kept=0,
                 **{f: 0 for f in FILTERS})
   splits = {name: [] for name in SPLITS}
-  seen = set()
+  long_pairs = []
+  # Long pairs keep their own duplicate check, so that the short splits
+  # are those of the length filter alone.
+  seen, seen_long = set(), set()
   for path in files:
     names_list = any(fnmatch.fnmatch(os.path.basename(path), pattern)
                      for pattern in settings.exclude_catalogs)
@@ -159,22 +169,28 @@ def build_pairs(settings: Settings
         reason = 'names_list'
       elif not english or not french:
         reason = 'empty'
-      elif max(len(english), len(french)) > settings.max_chars:
+      elif max(len(english), len(french)) > settings.long_max_chars:
         reason = 'too_long'
       elif mostly_placeholders(english):
         reason = 'placeholders'
       elif english.casefold() == french.casefold():
         reason = 'untranslated'
-      elif english in seen:
+      elif english in (seen_long if max(len(english), len(french)) >
+                       settings.max_chars else seen):
         reason = 'duplicate'
       else:
         reason = None
       if reason:
         counts[reason] += 1
-        continue
-      seen.add(english)
-      counts['kept'] += 1
-      splits[split_of(english, settings)].append((english, french))
+      elif max(len(english), len(french)) > settings.max_chars:
+        seen_long.add(english)
+        long_pairs.append((english, french))
+      else:
+        seen.add(english)
+        counts['kept'] += 1
+        splits[split_of(english, settings)].append((english, french))
+  splits[LONG_SPLIT] = [p for p in long_pairs if p[0] not in seen]
+  counts['duplicate'] += len(long_pairs) - len(splits[LONG_SPLIT])
   return splits, counts
 
 
@@ -198,7 +214,8 @@ def train_vocabulary(out_dir: str, lines: Sequence[str],
 
 def build(out_dir: str, settings: Settings = Settings(),
           vocab_size: int = 4000) -> Dict[str, int]:
-  """Writes `<split>.tsv`, `spm.model` and `stats.json` into `out_dir`.
+  """Writes `<split>.tsv` (SPLITS and LONG_SPLIT), `spm.model` and
+  `stats.json` into `out_dir`.
 
   Returns:
     The counts of `build_pairs`, plus each split's size.
@@ -207,9 +224,7 @@ def build(out_dir: str, settings: Settings = Settings(),
   os.makedirs(out_dir, exist_ok=True)
   for name, pairs in splits.items():
     counts[name] = len(pairs)
-    with open(os.path.join(out_dir, f'{name}.tsv'), 'w',
-              encoding='utf-8') as f:
-      f.writelines(f'{en}\t{fr}\n' for en, fr in pairs)
+    _write_split(out_dir, name, pairs)
   train_vocabulary(out_dir, [text for pair in splits['train'] for text in pair],
                    vocab_size)
   with open(os.path.join(out_dir, 'stats.json'), 'w') as f:
@@ -217,6 +232,19 @@ def build(out_dir: str, settings: Settings = Settings(),
                    vocab_size=vocab_size, counts=counts), f, indent=1)
   write_languages(out_dir, ('en', settings.language))
   return counts
+
+
+def write_long_split(out_dir: str, settings: Settings = Settings()) -> int:
+  """Writes only `<out_dir>/long.tsv` (to a set built without it); returns
+  its size."""
+  splits, _ = build_pairs(settings)
+  _write_split(out_dir, LONG_SPLIT, splits[LONG_SPLIT])
+  return len(splits[LONG_SPLIT])
+
+
+def _write_split(out_dir: str, name: str, pairs) -> None:
+  with open(os.path.join(out_dir, f'{name}.tsv'), 'w', encoding='utf-8') as f:
+    f.writelines(f'{en}\t{fr}\n' for en, fr in pairs)
 
 
 def write_languages(data_dir: str, languages: Tuple[str, str]) -> None:

@@ -46,18 +46,15 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import jax
-import numpy as np
 import seqio
 
-from t5x_speed import inference
 from t5x_speed import network
-from t5x_speed.tasks import metrics
 from tools import common
 from tools import demo_model
 from tools import paper_table_data
+from tools import paper_table_eval
 from tools import paper_table_report
 from tools import paper_table_train
-from tools import replay
 from tools import trainer
 
 # name: (unique layers G, repetitions R). The paper's table compares 12L,
@@ -65,7 +62,6 @@ from tools import trainer
 CONFIGS = {'12L': (12, 1), '8L': (8, 1), '6L': (6, 1), '4L': (4, 1),
            '3L': (3, 1), '2L': (2, 1), '4x3': (4, 3), '2x6': (2, 6),
            '4x4': (4, 4), '2x8': (2, 8), '2x3': (2, 3), '3x2': (3, 2)}
-BASE_VOCAB = 32128
 GETTEXT = paper_table_data.GETTEXT_LANGUAGES
 
 
@@ -96,10 +92,22 @@ class TableSettings:
   latency_prompts: int = 12
   repeats: int = 3
   replay_width: int = 768
+  # The learning curve: validation prompts decoded at every checkpoint.
+  curve_examples: int = 128
+  # The long split (inputs and targets up to `long_length` tokens): BLEU,
+  # chrF and SPEED's statistics on `long_examples`, the replay on the first
+  # `long_replay_prompts`.
+  long_length: int = 256
+  long_examples: int = 200
+  long_replay_prompts: int = 4
 
   @property
   def lengths(self) -> Dict[str, int]:
     return {'inputs': self.inputs_length, 'targets': self.targets_length}
+
+  @property
+  def long_lengths(self) -> Dict[str, int]:
+    return {'inputs': self.long_length, 'targets': self.long_length}
 
 
 TINY = TableSettings(configs=('2L', '2x3'), sweep_configs=('2x3',), width=32,
@@ -107,106 +115,14 @@ TINY = TableSettings(configs=('2L', '2x3'), sweep_configs=('2x3',), width=32,
                      seeds=(0,), exit_agreements=(1.0,), test_examples=8,
                      curve_points=3, validation_examples=8,
                      consistency_examples=8, latency_prompts=2, repeats=1,
-                     replay_width=64)
+                     replay_width=64, curve_examples=8, long_length=24,
+                     long_examples=8, long_replay_prompts=1)
 
 
 def model_config(name: str, settings: TableSettings,
                  vocab_size: int) -> network.TransformerConfig:
   g, r = CONFIGS[name]
   return demo_model.wide_config(g, r, settings.width, vocab_size=vocab_size)
-
-
-def evaluate(module, params, settings: TableSettings, prompts, lengths,
-             refs, vocab) -> Dict[str, Any]:
-  """BLEU / chrF of greedy decoding (SPEED on shared models, checked equal
-  to greedy), SPEED's statistics and teacher-forced exit consistency."""
-  r = module.config.num_repeats
-  # SPEED's statistics are the pipeline's at every batch size.
-  decode = functools.partial(
-      inference.generate, module, params,
-      max_decode_steps=settings.targets_length, bidirectional=True)
-  speed = functools.partial(decode, method='speed', max_speculative_rows=None)
-  texts, stats, identical = [], [], True
-  for start in range(0, len(prompts), 16):
-    p, n = prompts[start:start + 16], lengths[start:start + 16]
-    out = speed(p, n) if r > 1 else decode(p, n, method='greedy')
-    tokens = np.asarray(out.tokens)
-    if r > 1:
-      stats.append(out.stats.summary())
-      identical &= bool(np.array_equal(
-          tokens, np.asarray(decode(p, n, method='greedy').tokens)))
-    texts += [vocab.decode(common.tokens_until_eos(t)) for t in tokens]
-  result = {**metrics.bleu_and_chrf(refs, texts),
-            'examples': [{'reference': a, 'prediction': b}
-                         for a, b in zip(refs[:3], texts[:3])]}
-  result['consistency'] = teacher_forced(
-      module, params, 'test', settings.consistency_examples, settings)
-  if r > 1:
-    totals = {k: sum(s[k] for s in stats) for k in ('example_steps',
-                                                     'tokens', 'flushes')}
-    result['speed'] = {
-        'identical_to_greedy': identical,
-        'steps_per_token': totals['example_steps'] / totals['tokens'],
-        'flushes': totals['flushes'], 'tokens': totals['tokens'],
-        'flip_rate': {f'stage_{i}': float(np.mean(
-            [s[f'flip_rate/stage_{i}'] for s in stats]))
-                      for i in range(2, r + 1)}}
-  return result
-
-
-def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
-            settings: TableSettings) -> Dict[str, float]:
-  """ms per token of each (module, params, method) at batch 1, interleaved
-  passes over the prompts, best pass."""
-  calls = {name: [functools.partial(
-      inference.generate, module, params, prompts[i:i + 1],
-      lengths[i:i + 1], max_decode_steps=settings.targets_length,
-      method=method, bidirectional=True) for i in range(len(prompts))]
-           for name, (module, params, method) in models.items()}
-  seconds, outputs = common.interleaved_passes(calls, settings.repeats)
-  out = {}
-  for name, passes in seconds.items():
-    tokens = sum(common.produced_count(o.tokens) for o in outputs[name])
-    out[name] = 1e3 * float(np.min(passes)) / tokens
-  return out
-
-
-@functools.lru_cache(maxsize=None)
-def _wide_replay(g: int, r: int, width: int):
-  """({method: jitted replay}, params) of the wide GxR model, built and
-  compiled once per shape: every run of a configuration replays on it."""
-  wide, wide_params = replay.init_model(demo_model.wide_config(
-      g, r, width, vocab_size=BASE_VOCAB))
-  return {'speed': replay.replay_decoder('speed', wide),
-          'greedy': replay.replay_decoder('greedy', wide),
-          'greedy_xla': replay.replay_decoder(
-              'greedy', replay.with_xla_matmuls(wide))}, wide_params
-
-
-def replay_speedup(module, params, prompts, lengths,
-                   settings: TableSettings) -> Dict[str, Any]:
-  """SPEED against the best greedy on a Base-width model of the same GxR,
-  replaying `params`' SPEED schedules on the prompts at batch 1."""
-  recs = []
-  for i in range(len(prompts)):
-    out = inference.generate(
-        module, params, prompts[i:i + 1], lengths[i:i + 1],
-        max_decode_steps=settings.targets_length, method='speed',
-        bidirectional=True, record_schedule=True)
-    recs.append(replay.replay_record(out, prompts[i:i + 1], lengths[i:i + 1]))
-  cfg = module.config
-  runs, wide_params = _wide_replay(cfg.num_unique_layers, cfg.num_repeats,
-                                   settings.replay_width)
-  calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
-                  for rec in recs] for name, fn in runs.items()}
-  seconds, outputs = common.interleaved_passes(calls, settings.repeats)
-  tokens = sum(rec['tokens'] for rec in recs)
-  ms = {name: 1e3 * float(np.min(t)) / tokens for name, t in seconds.items()}
-  best = min(ms['greedy'], ms['greedy_xla'])
-  return {'width': settings.replay_width, 'tokens': tokens,
-          'ms_per_token': ms, 'speedup': best / ms['speed'],
-          'identical': all(np.array_equal(a.sequences, b.sequences) for a, b
-                           in zip(outputs['speed'], outputs['greedy']))}
 
 
 def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
@@ -247,24 +163,13 @@ def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
       max(settings.steps // settings.curve_points, 1))
 
 
-def teacher_forced(module, params, split: str, examples: int,
-                   settings: TableSettings) -> Dict[str, List[float]]:
-  """Each exit's teacher-forced loss, accuracy, agreement with the final
-  exit and flip rate (`trainer.exit_consistency`) on the first `examples`
-  of `split`, in batches of 32."""
-  batches = paper_table_data.batches(split, settings.lengths, 32,
-                                     pack=False, shuffle=False)
-  batches = batches.take(max(examples // 32, 1)).as_numpy_iterator()
-  return {k: v.tolist() for k, v in trainer.exit_consistency(
-      module, params, batches).items()}
-
-
 def validation_point(module, params, settings: TableSettings
                      ) -> Dict[str, List[float]]:
   """One point of a run's validation curve, on the first validation
   examples."""
-  return teacher_forced(module, params, 'validation',
-                        settings.validation_examples, settings)
+  return paper_table_eval.teacher_forced(
+      module, params, 'validation', settings.validation_examples,
+      settings.lengths)
 
 
 def plateau(validation: List[Dict[str, Any]], steps: int,
@@ -300,9 +205,13 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
       out_dir, settings.vocab_size, data_dir, progress.log, languages)
   vocab = seqio.get_mixture_or_task(paper_table_data.TASK).output_features[
       'targets'].vocabulary
-  prompts, lengths, refs = paper_table_data.test_prompts(
-      settings.test_examples, settings.lengths)
-  fast = slice(0, settings.latency_prompts)
+  data = {'test': paper_table_data.test_prompts(settings.test_examples,
+                                                settings.lengths),
+          'validation': paper_table_data.test_prompts(
+              settings.curve_examples, settings.lengths, 'validation')}
+  if paper_table_data.has_long_split():
+    data['long'] = paper_table_data.test_prompts(
+        settings.long_examples, settings.long_lengths, paper_table_data.LONG)
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
              'gettext': gettext, 'languages': list(languages),
              'cpu': common.cpu_model(), 'devices': jax.device_count(),
@@ -326,13 +235,7 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
            'plateau': plateau(validation, settings.steps),
            'trained_earlier': record['cached'],
            'final_train': record['history'][-1],
-           **evaluate(module, params, settings, prompts, lengths, refs,
-                      vocab)}
-    if CONFIGS[name][1] > 1:
-      progress.log(f'replaying {label} at width '
-                   f'{settings.replay_width}')
-      row['replay'] = replay_speedup(module, params, prompts[fast],
-                                     lengths[fast], settings)
+           **measure(module, params, record, settings, data, vocab)}
     if seed == settings.seeds[0] and not agreement:
       trained[name] = (module, params)
     results['runs'].append(row)
@@ -344,11 +247,46 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
     models[f'greedy {name}'] = (module, params, 'greedy')
     if module.config.num_repeats > 1:
       models[f'SPEED {name}'] = (module, params, 'speed')
-  results['latency_ms_per_token'] = latency(models, prompts[fast],
-                                            lengths[fast], settings)
+  prompts, lengths, _ = data['test']
+  fast = slice(0, settings.latency_prompts)
+  results['latency_ms_per_token'] = paper_table_eval.latency(
+      models, prompts[fast], lengths[fast], settings.targets_length,
+      settings.repeats)
   progress.advance()
   results['wall_seconds'] = progress.elapsed()
   return results
+
+
+def measure(module, params, record: Dict[str, Any], settings: TableSettings,
+            data: Dict[str, Any], vocab) -> Dict[str, Any]:
+  """What the table reports of one trained model: test quality and SPEED's
+  statistics, teacher-forced exits, the learning curve from the run's
+  checkpoints (on validation prompts), the Base-width replay, and the same
+  on the long split where there is one."""
+  shared = module.config.num_repeats > 1
+
+  def replayed(split, count, length):
+    prompts, lengths, _ = data[split]
+    return paper_table_eval.replay_speedup(
+        module, params, prompts[:count], lengths[:count], length,
+        settings.replay_width, settings.repeats)
+  row = paper_table_eval.decode_quality(module, params, *data['test'], vocab,
+                                        settings.targets_length)
+  row['consistency'] = paper_table_eval.teacher_forced(
+      module, params, 'test', settings.consistency_examples, settings.lengths)
+  row['curve'] = paper_table_eval.curve(
+      module, record['run_dir'], [p['step'] for p in record['validation']],
+      *data['validation'], vocab, settings.targets_length)
+  if shared:
+    row['replay'] = replayed('test', settings.latency_prompts,
+                             settings.targets_length)
+  if 'long' in data:
+    row['long'] = paper_table_eval.decode_quality(
+        module, params, *data['long'], vocab, settings.long_length)
+    if shared:
+      row['long']['replay'] = replayed('long', settings.long_replay_prompts,
+                                       settings.long_length)
+  return row
 
 
 def _flags(argv):
@@ -439,7 +377,10 @@ def main(argv=None) -> int:
   print(paper_table_report.markdown(results))
   print('Wrote ' + ', '.join(paths) + '.')
   exact = all(row.get('speed', {}).get('identical_to_greedy', True) and
-              row.get('replay', {}).get('identical', True)
+              row.get('replay', {}).get('identical', True) and
+              row.get('long', {}).get('replay', {}).get('identical', True) and
+              row.get('long', {}).get('speed', {}).get('identical_to_greedy',
+                                                       True)
               for row in results['runs'])
   if not exact:
     print('ERROR: SPEED and greedy outputs differ.', file=sys.stderr)

@@ -3,7 +3,8 @@
 `prepare_data` builds the gettext set of a language pair once (English to
 the language of the system's catalogs, `tools.gettext_data`) or checks a
 directory of your own, and registers TASK over it with the pair's T5
-prompt; `batches` and `test_prompts` read it back.
+prompt (and its `long` split, where `long.tsv` exists: long outputs, a test
+set); `batches` and `test_prompts` read it back.
 
 Example:
   data_dir = prepare_data('paper_table_out', 2000, None, print, ('en', 'de'))
@@ -25,6 +26,7 @@ from tools import gettext_data
 
 TASK = 'speed_paper_table_translation'
 GETTEXT_LANGUAGES = ('en', 'fr')
+LONG = gettext_data.LONG_SPLIT
 
 
 def check_languages(codes: Tuple[str, ...], where: str) -> Tuple[str, str]:
@@ -86,14 +88,28 @@ def prepare_data(out_dir: str, vocab_size: int, data_dir: Optional[str], log,
           data_dir, gettext_data.Settings(language=languages[1]),
           vocab_size=vocab_size)
       log(f'{counts["kept"]} pairs kept of {counts["read"]} read: '
-          f'{counts["train"]} / {counts["validation"]} / {counts["test"]}')
+          f'{counts["train"]} / {counts["validation"]} / {counts["test"]}, '
+          f'and {counts[LONG]} long')
+    elif not os.path.exists(os.path.join(data_dir, f'{LONG}.tsv')):
+      # A set built before the long split existed: only that split is added,
+      # so that its training data (and the runs keyed by it) stay.
+      log('adding the long split to the gettext set')
+      gettext_data.write_long_split(
+          data_dir, gettext_data.Settings(language=languages[1]))
   spm = os.path.join(data_dir, 'spm.model')
   for name in ('train.tsv', 'test.tsv', 'spm.model'):
     if not os.path.exists(os.path.join(data_dir, name)):
       raise FileNotFoundError(f'--data_dir {data_dir} has no {name}.')
+  splits = gettext_data.SPLITS + (
+      (LONG,) if os.path.exists(os.path.join(data_dir, f'{LONG}.tsv')) else ())
   tasks.register_translation_tsv_task(TASK, data_dir, spm,
-                                      languages=languages)
+                                      languages=languages, splits=splits)
   return data_dir
+
+
+def has_long_split() -> bool:
+  """Whether the registered TASK has the long split."""
+  return LONG in seqio.get_mixture_or_task(TASK).splits
 
 
 def batches(split: str, lengths: Dict[str, int], batch_size: int,
@@ -107,13 +123,13 @@ def batches(split: str, lengths: Dict[str, int], batch_size: int,
   return ds.batch(batch_size, drop_remainder=shuffle).prefetch(2)
 
 
-def test_prompts(count: int, lengths: Dict[str, int]):
-  """The first `count` test examples: (prompts [count, inputs_length]
-  right-padded, lengths [count], reference texts)."""
+def test_prompts(count: int, lengths: Dict[str, int], split: str = 'test'):
+  """The first `count` examples of `split`: (prompts [count,
+  inputs_length] right-padded, lengths [count], reference texts)."""
   task = seqio.get_mixture_or_task(TASK)
   prompts = np.zeros((count, lengths['inputs']), np.int32)
   prompt_lengths, refs = [], []
-  for ex in task.get_dataset(lengths, split='test',
+  for ex in task.get_dataset(lengths, split=split,
                              shuffle=False).take(count).as_numpy_iterator():
     prompts[len(refs), :len(ex['inputs'])] = ex['inputs']
     prompt_lengths.append(len(ex['inputs']))

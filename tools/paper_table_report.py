@@ -98,6 +98,7 @@ def markdown(results: Dict[str, Any]) -> str:
             'the test split: the share of target tokens whose argmax at an '
             'exit differs from the previous exit\'s. SPEED\'s tokens equal '
             'greedy\'s on every shared model (checked).', '']
+  lines += _long_lines(results) + _curve_lines(results)
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):
     lines += ['### Exits trained to agree', '',
@@ -121,6 +122,88 @@ def markdown(results: Dict[str, Any]) -> str:
           f'({spread(lambda r: r["replay"]["speedup"])}) |')
     lines += ['', 'Means over seeds; per-seed values in parentheses.', '']
   return '\n'.join(lines)
+
+
+def _long_lines(results) -> List[str]:
+  rows = [row for row in _main_rows(results) if 'long' in row]
+  if not rows:
+    return []
+  s = results['settings']
+  lines = [f'### Long outputs: the long split ({s["long_examples"]} pairs, '
+           f'inputs and targets up to {s["long_length"]} tokens)', '',
+           '| model | BLEU | chrF | SPEED steps / token, short -> long | '
+           'decoding flip rate % (stages 2..R), long | Base-width replay '
+           'speedup, short -> long |', '|' + ' --- |' * 6]
+  for row in rows:
+    long, sp = row['long'], row.get('speed')
+    cells = [row['config'], f'{long["bleu"]:.1f}', f'{long["chrf"]:.1f}',
+             f'{sp["steps_per_token"]:.2f} -> '
+             f'{long["speed"]["steps_per_token"]:.2f}' if sp else '-',
+             _pct(long['speed']['flip_rate'].values()) if sp else '-',
+             f'{row["replay"]["speedup"]:.2f}x -> '
+             f'{long["replay"]["speedup"]:.2f}x' if sp else '-']
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  lines += ['', f'The replay decodes the first {s["long_replay_prompts"]} '
+            'long prompts at batch 1 (short: the test prompts above). No '
+            'model was trained on pairs this long.', '']
+  return lines
+
+
+def _curve_lines(results) -> List[str]:
+  rows = [row for row in _main_rows(results) if row.get('curve')]
+  if not rows:
+    return []
+  s = results['settings']
+  lines = ['### Learning curves', '',
+           'At each checkpoint: the final exit\'s teacher-forced validation '
+           'loss and each exit\'s flip rate on '
+           f'{s["validation_examples"]} validation examples; BLEU and '
+           f'SPEED\'s steps per token decoding {s["curve_examples"]} '
+           'validation prompts.', '',
+           '| model | step | validation loss | BLEU | flip rate % (stages '
+           '2..R) | SPEED steps / token |', '|' + ' --- |' * 6]
+  for row in rows:
+    loss = {p['step']: p for p in row['validation']}
+    for point in row['curve']:
+      tf = loss.get(point['step'], {})
+      sp = point.get('speed')
+      lines.append('| ' + ' | '.join([
+          row['config'], str(point['step']),
+          f'{tf["loss"][-1]:.2f}' if tf else '-', f'{point["bleu"]:.1f}',
+          _pct(tf['flip_rate'][1:]) if tf and sp else '-',
+          f'{sp["steps_per_token"]:.2f}' if sp else '-']) + ' |')
+  return lines + ['']
+
+
+def _curves(axes, results):
+  """Validation loss, BLEU, and flips with SPEED's steps per token,
+  against training steps."""
+  loss_ax, bleu_ax, flip_ax = axes
+  steps_ax = flip_ax.twinx()
+  for row in _main_rows(results):
+    if not row.get('curve'):
+      continue
+    name, val, curve = row['config'], row['validation'], row['curve']
+    line, = loss_ax.plot([p['step'] for p in val],
+                         [p['loss'][-1] for p in val], 'o-', label=name)
+    bleu_ax.plot([p['step'] for p in curve], [p['bleu'] for p in curve],
+                 'o-', color=line.get_color(), label=name)
+    if 'speed' in row:
+      flip_ax.plot([p['step'] for p in val],
+                   [100 * np.mean(p['flip_rate'][1:]) for p in val], 'o-',
+                   color=line.get_color(), label=f'{name} flips')
+      steps_ax.plot([p['step'] for p in curve],
+                    [p['speed']['steps_per_token'] for p in curve], 's:',
+                    color=line.get_color(), label=f'{name} steps/token')
+  for ax, label in ((loss_ax, 'validation loss (final exit)'),
+                    (bleu_ax, 'validation BLEU'),
+                    (flip_ax, 'mean flip rate, stages 2..R, %')):
+    ax.set_xlabel('training step')
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc='upper left')
+  steps_ax.set_ylabel('SPEED steps per token (dotted)')
+  flip_ax.set_title('Flips fall as the model learns')
 
 
 def _tradeoff(ax, groups):
@@ -152,7 +235,9 @@ def _plot(results: Dict[str, Any], path: str):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
+  fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+  (left, middle, right) = axes[0]
+  _curves(axes[1], results)
   lat = results['latency_ms_per_token']
   bars = left.bar(list(lat), list(lat.values()),
                   color=['#2a7ab9' if k.startswith('SPEED') else '#999999'

@@ -267,10 +267,10 @@ def trained_run(name: str, config: network.TransformerConfig,
                 evaluate_every: int = 0
                 ) -> Tuple[network.SpeedTransformer, Any, Dict[str, Any]]:
   """(module, params, {'history', 'train_seconds', 'trainer', 'cached',
-  'validation'}) of one run: trained by `trainer_kind` ('library' or 't5x')
-  on `batches_fn(skip)` (the library; the batches after the first `skip`)
-  or on `task` (T5X), or read back from the run directory when an earlier
-  table trained it.
+  'validation', 'run_dir'}) of one run: trained by `trainer_kind`
+  ('library' or 't5x') on `batches_fn(skip)` (the library; the batches
+  after the first `skip`) or on `task` (T5X), or read back from the run
+  directory when an earlier table trained it.
 
   With the library trainer, every `evaluate_every` steps and after the last
   the parameters are kept (`checkpoint_path`) and `evaluate(params)` adds a
@@ -290,7 +290,7 @@ def trained_run(name: str, config: network.TransformerConfig,
   if cached is not None:
     progress.log(f'{label}: trained earlier ({run_dir})')
     params, record = cached
-    return module, params, {**record, 'cached': True}
+    return module, params, {**record, 'cached': True, 'run_dir': run_dir}
   os.makedirs(run_dir, exist_ok=True)
   resume_path = os.path.join(run_dir, 'resume.msgpack')
   validation = []
@@ -349,5 +349,5 @@ def trained_run(name: str, config: network.TransformerConfig,
   _save(run_dir, params, record)
   if os.path.exists(resume_path):
     os.remove(resume_path)
-  return module, params, {**record, 'cached': False}
+  return module, params, {**record, 'cached': False, 'run_dir': run_dir}
 

@@ -12,7 +12,7 @@ converter.
 """
 
 import functools
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import seqio
 
@@ -180,7 +180,8 @@ def register_translation_tsv_task(
     data_dir: str,
     vocabulary: VocabularyOrPath,
     languages: Tuple[str, str] = ('en', 'fr'),
-    overwrite: bool = True) -> seqio.Task:
+    overwrite: bool = True,
+    splits: Sequence[str] = _SPLITS) -> seqio.Task:
   """Registers a translation task over your own `<split>.tsv` files.
 
   The files are those of `sources.ParagraphPairSource` (`train.tsv`,
@@ -205,6 +206,7 @@ def register_translation_tsv_task(
     languages: (source, target) language codes, keys of
       `preprocessors.LANGUAGE_NAMES`: the TSV columns in order.
     overwrite: replace a task of the same name.
+    splits: the split names, each read from its `<split>.tsv` (or shards).
 
   Returns:
     The registered task.
@@ -218,7 +220,7 @@ def register_translation_tsv_task(
       name,
       source=sources.ParagraphPairSource(
           name, task_name=name, data_dir=data_dir, languages=languages,
-          splits=_SPLITS),
+          splits=tuple(splits)),
       preprocessors=[
           functools.partial(preprocessors.translate,
                             source_language=languages[0],

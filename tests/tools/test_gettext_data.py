@@ -56,7 +56,9 @@ class GettextDataTest(absltest.TestCase):
         'menu\x04Open': 'Ouvrir',                       # context dropped
         '%d file\0%d files': '%d fichier\0%d fichiers',  # singular kept
         '   ': 'rien',                                   # empty
-        'A message longer than thirty characters': 'Un message long',
+        'A message longer than thirty characters': 'Un message long',  # long
+        ('A message longer than sixty characters, which none of the splits '
+         'keeps'): 'x',                                  # too long
         '%s: %s (%d)': '%s : %s (%d)',                   # placeholders
         '<b>%s</b>': '<b>%s</b>',                        # placeholders
         'Options': 'options',                            # untranslated
@@ -64,21 +66,27 @@ class GettextDataTest(absltest.TestCase):
     write_mo(os.path.join(self.catalogs, 'b.mo'), {
         '': META, 'Options': 'Les options',
         'Cannot open the file': 'Autre traduction',      # duplicate
+        # Long, but a short pair's English text: a duplicate.
+        'Open': 'Ouvrir le fichier dans une autre fenêtre',
     })
     write_mo(os.path.join(self.catalogs, 'iso_639.mo'),
              {'': META, 'French': 'français'})
     write_mo(os.path.join(self.catalogs, 'broken.mo'), {'Été': 'Summer'})
-    splits, counts = gettext_data.build_pairs(self._settings(max_chars=30))
-    kept = sorted(pair for pairs in splits.values() for pair in pairs)
+    splits, counts = gettext_data.build_pairs(self._settings(
+        max_chars=30, long_max_chars=60))
+    kept = sorted(pair for name in gettext_data.SPLITS
+                  for pair in splits[name])
     self.assertEqual(kept, [
         ('%d file', '%d fichier'),
         ('Cannot open the file', "Impossible d'ouvrir le fichier"),
         ('Open', 'Ouvrir'),
         ('Options', 'Les options'),
     ])
+    self.assertEqual(splits[gettext_data.LONG_SPLIT], [
+        ('A message longer than thirty characters', 'Un message long')])
     self.assertEqual(counts, dict(
-        catalogs=4, unreadable=1, read=11, kept=4, names_list=1, empty=1, too_long=1,
-        placeholders=2, untranslated=1, duplicate=1))
+        catalogs=4, unreadable=1, read=13, kept=4, names_list=1, empty=1,
+        too_long=1, placeholders=2, untranslated=1, duplicate=2))
 
   def test_split_is_deterministic_and_order_free(self):
     entries = {f'message number {i}': f'message numéro {i}'
@@ -123,7 +131,8 @@ class GettextDataTest(absltest.TestCase):
     self.assertGreater(counts['catalogs'], 10)
     self.assertGreater(counts['kept'], 10000)
     self.assertGreater(counts['test'], 300)
-    for name in gettext_data.SPLITS:
+    self.assertGreater(counts['long'], 100)
+    for name in gettext_data.SPLITS + (gettext_data.LONG_SPLIT,):
       with open(os.path.join(out, f'{name}.tsv'), encoding='utf-8') as f:
         lines = f.read().split('\n')
       self.assertEqual(lines[-1], '')

@@ -145,9 +145,20 @@ class PaperTableTest(absltest.TestCase):
       r = paper_table.CONFIGS[row['config']][1]
       self.assertLen(row['consistency']['flip_rate'], r)
       self.assertEqual(row['final_train']['step'], 3)
+      # The learning curve: decoded at every checkpoint.
+      self.assertEqual([p['step'] for p in row['curve']], [1, 2, 3])
+      self.assertTrue(all(0 <= p['bleu'] <= 100 for p in row['curve']))
+      # The long split, decoded to its own length.
+      self.assertBetween(row['long']['bleu'], 0.0, 100.0)
       if r > 1:
         self.assertTrue(row['speed']['identical_to_greedy'])
         self.assertTrue(row['replay']['identical'])
+        self.assertTrue(row['long']['replay']['identical'])
+        self.assertGreaterEqual(row['long']['speed']['steps_per_token'], 1.0)
+        self.assertGreater(row['long']['speed']['tokens'], 0)
+        self.assertTrue(row['long']['speed']['identical_to_greedy'])
+        self.assertGreaterEqual(
+            min(p['speed']['steps_per_token'] for p in row['curve']), 1.0)
         self.assertGreaterEqual(row['speed']['steps_per_token'], 1.0)
         self.assertGreater(row['replay']['speedup'], 0.0)
         self.assertEqual(row['replay']['width'], 64)
@@ -180,6 +191,11 @@ class PaperTableTest(absltest.TestCase):
       text = f.read()
     self.assertIn('Width 32 (64-wide heads), 3 steps of 4 packed', text)
     self.assertIn('| 2x3 | agreement λ=1 | 1 |', text)
+    self.assertIn('### Long outputs: the long split (8 pairs', text)
+    self.assertIn('| 2x3 | 3 | ', text)       # its curve's last point
+    for run_dir in run_dirs:
+      self.assertTrue(os.path.exists(os.path.join(out, 'runs', run_dir,
+                                                  'curve.json')))
     self.assertFalse(any(row['trained_earlier'] for row in results['runs']))
     self.assertLen(os.listdir(os.path.join(out, 'runs')), 3)
     with open(os.path.join(self.data_dir, 'stats.json')) as f:

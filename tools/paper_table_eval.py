@@ -1,0 +1,165 @@
+"""The paper table's measurements of one trained model (`tools.paper_table`).
+
+* `decode_quality`: BLEU / chrF of greedy decoding (SPEED's tokens on a
+  shared model, checked equal to greedy's) and SPEED's statistics;
+* `teacher_forced`: each exit's loss, accuracy and flip rate on a split;
+* `curve`: quality, flips and SPEED's steps per token at every checkpoint
+  of a run, kept beside its checkpoints;
+* `latency` and `replay_speedup`: decoding at batch 1, on the trained model
+  and with its SPEED schedules replayed at T5-Base width.
+"""
+
+import functools
+import json
+import os
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from t5x_speed import inference
+from t5x_speed.tasks import metrics
+from tools import common
+from tools import demo_model
+from tools import paper_table_data
+from tools import paper_table_train
+from tools import replay
+from tools import trainer
+
+BASE_VOCAB = 32128
+
+
+def decode_quality(module, params, prompts, lengths, refs, vocab,
+                   max_decode_steps: int, check_greedy: bool = True
+                   ) -> Dict[str, Any]:
+  """BLEU / chrF of the final exit's greedy decoding, three sample outputs
+  and, on a shared model, SPEED's statistics: SPEED decodes (the
+  pipeline's at every batch size), and with `check_greedy` its tokens are
+  compared with greedy's ('identical_to_greedy')."""
+  r = module.config.num_repeats
+  decode = functools.partial(
+      inference.generate, module, params, max_decode_steps=max_decode_steps,
+      bidirectional=True)
+  speed = functools.partial(decode, method='speed', max_speculative_rows=None)
+  texts, stats, identical = [], [], True
+  for start in range(0, len(prompts), 16):
+    p, n = prompts[start:start + 16], lengths[start:start + 16]
+    out = speed(p, n) if r > 1 else decode(p, n, method='greedy')
+    tokens = np.asarray(out.tokens)
+    if r > 1:
+      stats.append(out.stats.summary())
+      if check_greedy:
+        identical &= bool(np.array_equal(
+            tokens, np.asarray(decode(p, n, method='greedy').tokens)))
+    texts += [vocab.decode(common.tokens_until_eos(t)) for t in tokens]
+  result = {**metrics.bleu_and_chrf(refs, texts),
+            'examples': [{'reference': a, 'prediction': b}
+                         for a, b in zip(refs[:3], texts[:3])]}
+  if r > 1:
+    totals = {k: sum(s[k] for s in stats) for k in ('example_steps',
+                                                     'tokens', 'flushes')}
+    result['speed'] = {
+        'steps_per_token': totals['example_steps'] / totals['tokens'],
+        'flushes': totals['flushes'], 'tokens': totals['tokens'],
+        'flip_rate': {f'stage_{i}': float(np.mean(
+            [s[f'flip_rate/stage_{i}'] for s in stats]))
+                      for i in range(2, r + 1)}}
+    if check_greedy:
+      result['speed']['identical_to_greedy'] = identical
+  return result
+
+
+def teacher_forced(module, params, split: str, examples: int,
+                   lengths: Dict[str, int]) -> Dict[str, List[float]]:
+  """Each exit's teacher-forced loss, accuracy, agreement with the final
+  exit and flip rate (`trainer.exit_consistency`) on the first `examples`
+  of `split`, in batches of 32."""
+  batches = paper_table_data.batches(split, lengths, 32, pack=False,
+                                     shuffle=False)
+  batches = batches.take(max(examples // 32, 1)).as_numpy_iterator()
+  return {k: v.tolist() for k, v in trainer.exit_consistency(
+      module, params, batches).items()}
+
+
+def curve(module, run_dir: str, steps: List[int], prompts, lengths, refs,
+          vocab, max_decode_steps: int) -> List[Dict[str, Any]]:
+  """`decode_quality` of each checkpoint of a run (at `steps`), on
+  `prompts`: one point per step. Points are kept in `<run_dir>/curve.json`
+  with what they were measured on, so a rerun measures only new ones."""
+  path = os.path.join(run_dir, 'curve.json')
+  on = {'examples': len(prompts), 'max_decode_steps': max_decode_steps,
+        'references': refs[:3]}
+  kept = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if saved['on'] == on:
+      kept = saved['points']
+  points = []
+  for step in steps:
+    if str(step) not in kept:
+      params = paper_table_train.load_params(
+          paper_table_train.checkpoint_path(run_dir, step))
+      kept[str(step)] = decode_quality(module, params, prompts, lengths,
+                                       refs, vocab, max_decode_steps,
+                                       check_greedy=False)
+      del kept[str(step)]['examples']
+      with open(path, 'w') as f:
+        json.dump({'on': on, 'points': kept}, f)
+    points.append({'step': step, **kept[str(step)]})
+  return points
+
+
+def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
+            max_decode_steps: int, repeats: int) -> Dict[str, float]:
+  """ms per token of each (module, params, method) at batch 1, interleaved
+  passes over the prompts, best pass."""
+  calls = {name: [functools.partial(
+      inference.generate, module, params, prompts[i:i + 1],
+      lengths[i:i + 1], max_decode_steps=max_decode_steps,
+      method=method, bidirectional=True) for i in range(len(prompts))]
+           for name, (module, params, method) in models.items()}
+  seconds, outputs = common.interleaved_passes(calls, repeats)
+  out = {}
+  for name, passes in seconds.items():
+    tokens = sum(common.produced_count(o.tokens) for o in outputs[name])
+    out[name] = 1e3 * float(np.min(passes)) / tokens
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_replay(g: int, r: int, width: int):
+  """({method: jitted replay}, params) of the wide GxR model, built and
+  compiled once per shape: every run of a configuration replays on it."""
+  wide, wide_params = replay.init_model(demo_model.wide_config(
+      g, r, width, vocab_size=BASE_VOCAB))
+  return {'speed': replay.replay_decoder('speed', wide),
+          'greedy': replay.replay_decoder('greedy', wide),
+          'greedy_xla': replay.replay_decoder(
+              'greedy', replay.with_xla_matmuls(wide))}, wide_params
+
+
+def replay_speedup(module, params, prompts, lengths, max_decode_steps: int,
+                   width: int, repeats: int) -> Dict[str, Any]:
+  """SPEED against the best greedy on a `width`-wide model of the same GxR
+  (vocabulary 32128), replaying `params`' SPEED schedules on the prompts at
+  batch 1."""
+  recs = []
+  for i in range(len(prompts)):
+    out = inference.generate(
+        module, params, prompts[i:i + 1], lengths[i:i + 1],
+        max_decode_steps=max_decode_steps, method='speed',
+        bidirectional=True, record_schedule=True)
+    recs.append(replay.replay_record(out, prompts[i:i + 1], lengths[i:i + 1]))
+  cfg = module.config
+  runs, wide_params = _wide_replay(cfg.num_unique_layers, cfg.num_repeats,
+                                   width)
+  calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
+                  for rec in recs] for name, fn in runs.items()}
+  seconds, outputs = common.interleaved_passes(calls, repeats)
+  tokens = sum(rec['tokens'] for rec in recs)
+  ms = {name: 1e3 * float(np.min(t)) / tokens for name, t in seconds.items()}
+  best = min(ms['greedy'], ms['greedy_xla'])
+  return {'width': width, 'tokens': tokens,
+          'ms_per_token': ms, 'speedup': best / ms['speed'],
+          'identical': all(np.array_equal(a.sequences, b.sequences) for a, b
+                           in zip(outputs['speed'], outputs['greedy']))}
