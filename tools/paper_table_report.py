@@ -79,8 +79,8 @@ def markdown(results: Dict[str, Any]) -> str:
            '| model | validation loss (plateau) | training positions/s | '
            'BLEU | chrF | exit accuracy % | flip rate % (stages 2..R) | SPEED '
            'steps / token | greedy ms/token | SPEED ms/token | Base-width '
-           'replay speedup |',
-           '|' + ' --- |' * 11]
+           'replay speedup | Base-width latency / unshared G layers |',
+           '|' + ' --- |' * 12]
   for row in _main_rows(results):
     name, c = row['config'], row['consistency']
     sp, rp = row.get('speed'), row.get('replay')
@@ -90,14 +90,18 @@ def markdown(results: Dict[str, Any]) -> str:
              _pct(c['accuracy']), _pct(c['flip_rate'][1:]) or '-',
              f'{sp["steps_per_token"]:.2f}' if sp else '-',
              timed(f'greedy {name}'), timed(f'SPEED {name}'),
-             f'{rp["speedup"]:.2f}x' if rp else '-']
+             f'{rp["speedup"]:.2f}x' if rp else '-',
+             f'{rp["vs_shallow"]:.2f}x' if rp else '-']
     lines.append('| ' + ' | '.join(cells) + ' |')
   lines += ['', 'Validation loss: the final exit\'s, per target token, at '
             'the last step; plateau: its relative improvement over the last '
             '20% of steps, "yes" below 1%. Flip rates are teacher-forced on '
             'the test split: the share of target tokens whose argmax at an '
             'exit differs from the previous exit\'s. SPEED\'s tokens equal '
-            'greedy\'s on every shared model (checked).', '']
+            'greedy\'s on every shared model (checked). The last column: '
+            'SPEED\'s replayed ms/token over the best greedy of an unshared '
+            'model of the shared one\'s G layers at the same width (4L for '
+            '4x3), the paper\'s latency claim.', '']
   lines += _long_lines(results) + _curve_lines(results)
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):
@@ -133,7 +137,8 @@ def _long_lines(results) -> List[str]:
            f'inputs and targets up to {s["long_length"]} tokens)', '',
            '| model | BLEU | chrF | SPEED steps / token, short -> long | '
            'decoding flip rate % (stages 2..R), long | Base-width replay '
-           'speedup, short -> long |', '|' + ' --- |' * 6]
+           'speedup, short -> long | Base-width latency / unshared G layers,'
+           ' short -> long |', '|' + ' --- |' * 7]
   for row in rows:
     long, sp = row['long'], row.get('speed')
     cells = [row['config'], f'{long["bleu"]:.1f}', f'{long["chrf"]:.1f}',
@@ -141,7 +146,9 @@ def _long_lines(results) -> List[str]:
              f'{long["speed"]["steps_per_token"]:.2f}' if sp else '-',
              _pct(long['speed']['flip_rate'].values()) if sp else '-',
              f'{row["replay"]["speedup"]:.2f}x -> '
-             f'{long["replay"]["speedup"]:.2f}x' if sp else '-']
+             f'{long["replay"]["speedup"]:.2f}x' if sp else '-',
+             f'{row["replay"]["vs_shallow"]:.2f}x -> '
+             f'{long["replay"]["vs_shallow"]:.2f}x' if sp else '-']
     lines.append('| ' + ' | '.join(cells) + ' |')
   lines += ['', f'The replay decodes the first {s["long_replay_prompts"]} '
             'long prompts at batch 1 (short: the test prompts above). No '

@@ -197,14 +197,15 @@ def _decode_fn(method: str):
 
 def replay_decode(method: str, module: network.SpeedTransformer,
                   speculative_vocab: int = 0,
-                  max_speculative_rows: Any = None):
+                  max_speculative_rows: Any = None,
+                  max_decode_steps: int = demo_model.LENGTHS['targets']):
   """jit fn(params, inputs, cache, lengths, by_position, predictions,
   sample=None) -> `DecodeResult`, decoding a recorded batch from
   `replay_prefill`'s output. See `replay_decoder`."""
   if method not in METHODS:
     raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
   decode_fn = _decode_fn(method)
-  max_steps = demo_model.LENGTHS['targets']
+  max_steps = max_decode_steps
 
   @jax.jit
   def run(params, inputs, cache, lengths, by_position, predictions,
@@ -234,7 +235,8 @@ def replay_decode(method: str, module: network.SpeedTransformer,
 
 def replay_decoder(method: str, module: network.SpeedTransformer,
                    speculative_vocab: int = 0,
-                   max_speculative_rows: Any = None):
+                   max_speculative_rows: Any = None,
+                   max_decode_steps: int = demo_model.LENGTHS['targets']):
   """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
   -> `DecodeResult`, replaying a recorded batch, prefill included.
 
@@ -246,10 +248,11 @@ def replay_decoder(method: str, module: network.SpeedTransformer,
   `max_speculative_rows` of the SPEED methods: None replays the recorded
   pipeline at any batch; 'auto' decodes as users get it (sequentially
   beyond the backend's limit, `decoding.speed_decode`).
+  `max_decode_steps`: the recording's (the demo's by default).
   """
   prefill = replay_prefill(module)
   decode_batch = replay_decode(method, module, speculative_vocab,
-                               max_speculative_rows)
+                               max_speculative_rows, max_decode_steps)
 
   @jax.jit
   def run(params, prompts, lengths, by_position, predictions, sample=None):
