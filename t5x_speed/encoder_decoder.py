@@ -132,15 +132,17 @@ class SpeedEncoderDecoder(nn.Module):
                decoder_positions: Optional[Array] = None, *,
                enable_dropout: bool = True, all_exits: bool = True,
                decode: bool = False,
-               max_decode_length: Optional[int] = None) -> Array:
+               max_decode_length: Optional[int] = None,
+               exit_positions: Optional[Array] = None) -> Array:
     """Teacher-forced logits of every exit, T5X's `Transformer.__call__`
     arguments (positions unused: the biases are relative; `decode` and
     `max_decode_length` only as T5X's model passes them at initialisation:
-    cached decoding is `prefill`, `decode_step` and `speed_step`).
+    cached decoding is `prefill`, `decode_step` and `speed_step`);
+    `exit_positions` as `network.Decoder.__call__`'s.
 
     Returns:
-      [R, batch, length, vocab] float32 logits, exit r after repetition r+1;
-      [batch, length, vocab] if `all_exits` is False.
+      [R, batch, length, vocab] float32 logits, exit r after repetition r+1
+      (K for length with `exit_positions`); no R if not all_exits.
     """
     del encoder_positions, max_decode_length
     if decode:
@@ -153,7 +155,8 @@ class SpeedEncoderDecoder(nn.Module):
     return self.decoder(decoder_input_tokens, decoder_target_tokens,
                         decoder_segment_ids, decoder_positions,
                         encoded=encoded, encoder_decoder_mask=cross_mask,
-                        enable_dropout=enable_dropout, all_exits=all_exits)
+                        enable_dropout=enable_dropout, all_exits=all_exits,
+                        exit_positions=exit_positions)
 
   def prefill(self, tokens: Array, prefill_lengths: Array,
               decoder_causal_attention: Optional[Array] = None,

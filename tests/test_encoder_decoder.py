@@ -75,7 +75,18 @@ class ModuleTest(absltest.TestCase):
     self.assertNotIn('token_embedder', params['decoder'])
     self.assertEqual(len([k for k in params['encoder']
                           if k.startswith('layers_')]), 2)
-    del module
+    # The exits at given decoder positions only (a loss's targets).
+    encoder = _encoder_inputs(2, 6, seed=1)
+    decoder = jnp.asarray(np.random.RandomState(2).randint(
+        2, VOCAB, size=(2, 5)), jnp.int32)
+    run = jax.jit(lambda p, at: module.apply(
+        {'params': p}, encoder, decoder, decoder, enable_dropout=False,
+        exit_positions=at))
+    positions = jnp.array([[4, 1], [0, 3]])
+    np.testing.assert_allclose(
+        run(params, positions), jnp.take_along_axis(
+            run(params, None), positions[None, :, :, None], axis=2),
+        rtol=1e-5, atol=1e-6)
 
   def test_decoder_only_config_is_refused(self):
     module = encoder_decoder.SpeedEncoderDecoder(_config(num_encoder_layers=0))

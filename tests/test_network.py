@@ -178,6 +178,12 @@ class ParameterTest(parameterized.TestCase):
     self.assertEqual(logits.shape, (3, 2, 5, 61))
     np.testing.assert_array_equal(logits[-1], last)
     self.assertGreater(float(jnp.abs(logits[0] - logits[1]).max()), 1e-3)
+    # With exit_positions the exits score those positions of each row only.
+    positions = jnp.array([[4, 0], [2, 3]])
+    at = module.apply({'params': params}, tokens, tokens,
+                      enable_dropout=False, exit_positions=positions)
+    np.testing.assert_allclose(at, jnp.take_along_axis(
+        logits, positions[None, :, :, None], axis=2), rtol=1e-5, atol=1e-6)
 
   def test_dropout_is_active_only_when_enabled(self):
     module, params = _model(dropout_rate=0.3)
