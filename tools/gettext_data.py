@@ -224,7 +224,7 @@ def build(out_dir: str, settings: Settings = Settings(),
   os.makedirs(out_dir, exist_ok=True)
   for name, pairs in splits.items():
     counts[name] = len(pairs)
-    _write_split(out_dir, name, pairs)
+    write_split(out_dir, name, pairs)
   train_vocabulary(out_dir, [text for pair in splits['train'] for text in pair],
                    vocab_size)
   with open(os.path.join(out_dir, 'stats.json'), 'w') as f:
@@ -238,11 +238,12 @@ def write_long_split(out_dir: str, settings: Settings = Settings()) -> int:
   """Writes only `<out_dir>/long.tsv` (to a set built without it); returns
   its size."""
   splits, _ = build_pairs(settings)
-  _write_split(out_dir, LONG_SPLIT, splits[LONG_SPLIT])
+  write_split(out_dir, LONG_SPLIT, splits[LONG_SPLIT])
   return len(splits[LONG_SPLIT])
 
 
-def _write_split(out_dir: str, name: str, pairs) -> None:
+def write_split(out_dir: str, name: str, pairs) -> None:
+  """Writes `<out_dir>/<name>.tsv`, one `english<TAB>french` per line."""
   with open(os.path.join(out_dir, f'{name}.tsv'), 'w', encoding='utf-8') as f:
     f.writelines(f'{en}\t{fr}\n' for en, fr in pairs)
 

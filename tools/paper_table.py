@@ -59,9 +59,13 @@ from tools import trainer
 
 # name: (unique layers G, repetitions R). The paper's table compares 12L,
 # 4L and 2L with 4x3 and 2x6 (and 4x4, 2x8); the smaller ones are quick.
+# The ed* models are encoder-decoders: one encoder (ENCODER_LAYERS) with a
+# shared 4x3 decoder or an unshared 4-layer one.
 CONFIGS = {'12L': (12, 1), '8L': (8, 1), '6L': (6, 1), '4L': (4, 1),
            '3L': (3, 1), '2L': (2, 1), '4x3': (4, 3), '2x6': (2, 6),
-           '4x4': (4, 4), '2x8': (2, 8), '2x3': (2, 3), '3x2': (3, 2)}
+           '4x4': (4, 4), '2x8': (2, 8), '2x3': (2, 3), '3x2': (3, 2),
+           'ed4x3': (4, 3), 'ed4L': (4, 1), 'ed2x3': (2, 3), 'ed2L': (2, 1)}
+ENCODER_LAYERS = 4
 GETTEXT = paper_table_data.GETTEXT_LANGUAGES
 
 
@@ -110,7 +114,8 @@ class TableSettings:
     return {'inputs': self.long_length, 'targets': self.long_length}
 
 
-TINY = TableSettings(configs=('2L', '2x3'), sweep_configs=('2x3',), width=32,
+TINY = TableSettings(configs=('2L', '2x3', 'ed2x3'), sweep_configs=('2x3',),
+                     width=32,
                      steps=3, batch_size=4, inputs_length=24, targets_length=24, vocab_size=300,
                      seeds=(0,), exit_agreements=(1.0,), test_examples=8,
                      curve_points=3, validation_examples=8,
@@ -122,7 +127,10 @@ TINY = TableSettings(configs=('2L', '2x3'), sweep_configs=('2x3',), width=32,
 def model_config(name: str, settings: TableSettings,
                  vocab_size: int) -> network.TransformerConfig:
   g, r = CONFIGS[name]
-  return demo_model.wide_config(g, r, settings.width, vocab_size=vocab_size)
+  config = demo_model.wide_config(g, r, settings.width, vocab_size=vocab_size)
+  if name.startswith('ed'):
+    config = dataclasses.replace(config, num_encoder_layers=ENCODER_LAYERS)
+  return config
 
 
 def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
@@ -149,16 +157,19 @@ def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
       exit_agreement=agreement,
       exit_agreement_target=settings.exit_agreement_target)
 
+  config = model_config(name, settings, vocab_size)
+
   def batches(skip):
     return paper_table_data.batches(
         'train', settings.lengths, settings.batch_size, pack=True,
-        shuffle=True, seed=seed).skip(skip).as_numpy_iterator()
-  config = model_config(name, settings, vocab_size)
+        shuffle=True, seed=seed, encoder_decoder=config.is_encoder_decoder
+    ).skip(skip).as_numpy_iterator()
   return paper_table_train.trained_run(
       name, config, recipe, trainer_kind, out_dir, data_dir,
       paper_table_data.TASK, batches, settings.lengths, settings.batch_size,
       progress, quiet, languages,
-      functools.partial(validation_point, network.SpeedTransformer(config),
+      functools.partial(validation_point,
+                        paper_table_train.module_of(config),
                         settings=settings),
       max(settings.steps // settings.curve_points, 1))
 
@@ -215,7 +226,8 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
              'gettext': gettext, 'languages': list(languages),
              'cpu': common.cpu_model(), 'devices': jax.device_count(),
-             'trainer': trainer_kind, 'runs': []}
+             'trainer': trainer_kind, 'encoder_layers': ENCODER_LAYERS,
+             'runs': []}
   trained = {}
   for name, seed, agreement in runs:
     module, params, record = train_run(

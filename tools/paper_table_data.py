@@ -113,13 +113,17 @@ def has_long_split() -> bool:
 
 
 def batches(split: str, lengths: Dict[str, int], batch_size: int,
-            pack: bool, shuffle: bool, seed: int = 0) -> tf.data.Dataset:
-  """TASK's `split` as decoder-only batches (`DecoderFeatureConverter`);
-  shuffled batches repeat forever."""
+            pack: bool, shuffle: bool, seed: int = 0,
+            encoder_decoder: bool = False) -> tf.data.Dataset:
+  """TASK's `split` as decoder-only batches (`DecoderFeatureConverter`) or
+  as an encoder-decoder model's (`EncDecFeatureConverter`); shuffled
+  batches repeat forever."""
   task = seqio.get_mixture_or_task(TASK)
   ds = task.get_dataset(lengths, split=split, shuffle=shuffle,
                         seed=seed, num_epochs=None if shuffle else 1)
-  ds = seqio.DecoderFeatureConverter(pack=pack)(ds, lengths)
+  converter = (seqio.EncDecFeatureConverter if encoder_decoder
+               else seqio.DecoderFeatureConverter)
+  ds = converter(pack=pack)(ds, lengths)
   return ds.batch(batch_size, drop_remainder=shuffle).prefetch(2)
 
 

@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from t5x_speed import inference
-from t5x_speed import network
 from t5x_speed.tasks import metrics
 from tools import common
 from tools import demo_model
@@ -30,6 +29,17 @@ from tools import trainer
 BASE_VOCAB = 32128
 
 
+def generate(module, params, prompts, lengths, **kwargs):
+  """`inference.generate` on the prompts: a decoder-only model continues
+  them (attending to them bidirectionally, as it was trained); an
+  encoder-decoder model encodes them and decodes from BOS."""
+  if module.config.is_encoder_decoder:
+    return inference.generate(module, params, encoder_input_tokens=prompts,
+                              **kwargs)
+  return inference.generate(module, params, prompts, lengths,
+                            bidirectional=True, **kwargs)
+
+
 def decode_quality(module, params, prompts, lengths, refs, vocab,
                    max_decode_steps: int, check_greedy: bool = True
                    ) -> Dict[str, Any]:
@@ -38,9 +48,8 @@ def decode_quality(module, params, prompts, lengths, refs, vocab,
   pipeline's at every batch size), and with `check_greedy` its tokens are
   compared with greedy's ('identical_to_greedy')."""
   r = module.config.num_repeats
-  decode = functools.partial(
-      inference.generate, module, params, max_decode_steps=max_decode_steps,
-      bidirectional=True)
+  decode = functools.partial(generate, module, params,
+                             max_decode_steps=max_decode_steps)
   speed = functools.partial(decode, method='speed', max_speculative_rows=None)
   texts, stats, identical = [], [], True
   for start in range(0, len(prompts), 16):
@@ -75,8 +84,9 @@ def teacher_forced(module, params, split: str, examples: int,
   """Each exit's teacher-forced loss, accuracy, agreement with the final
   exit and flip rate (`trainer.exit_consistency`) on the first `examples`
   of `split`, in batches of 32."""
-  batches = paper_table_data.batches(split, lengths, 32, pack=False,
-                                     shuffle=False)
+  batches = paper_table_data.batches(
+      split, lengths, 32, pack=False, shuffle=False,
+      encoder_decoder=module.config.is_encoder_decoder)
   batches = batches.take(max(examples // 32, 1)).as_numpy_iterator()
   return {k: v.tolist() for k, v in trainer.exit_consistency(
       module, params, batches).items()}
@@ -116,9 +126,9 @@ def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
   """ms per token of each (module, params, method) at batch 1, interleaved
   passes over the prompts, best pass."""
   calls = {name: [functools.partial(
-      inference.generate, module, params, prompts[i:i + 1],
-      lengths[i:i + 1], max_decode_steps=max_decode_steps,
-      method=method, bidirectional=True) for i in range(len(prompts))]
+      generate, module, params, prompts[i:i + 1], lengths[i:i + 1],
+      max_decode_steps=max_decode_steps, method=method)
+                  for i in range(len(prompts))]
            for name, (module, params, method) in models.items()}
   seconds, outputs = common.interleaved_passes(calls, repeats)
   out = {}
@@ -129,15 +139,17 @@ def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
 
 
 @functools.lru_cache(maxsize=None)
-def _wide_replay(g: int, r: int, width: int, max_decode_steps: int):
-  """({method: jitted replay}, params) of the wide GxR model, built and
-  compiled once per shape: every run of a configuration replays on it.
-  'shallow' is greedy on the model's first repetition (G layers, what an
-  unshared G-layer model costs), the faster of its two numerics."""
-  wide, wide_params = replay.init_model(demo_model.wide_config(
-      g, r, width, vocab_size=BASE_VOCAB))
-  shallow = network.SpeedTransformer(dataclasses.replace(
-      wide.config, num_repeats=1))
+def _wide_replay(g: int, r: int, encoder_layers: int, width: int,
+                 max_decode_steps: int):
+  """({method: jitted replay}, params) of the wide GxR model (with an
+  encoder of `encoder_layers`, if any), built and compiled once per shape:
+  every run of a configuration replays on it. 'shallow' is greedy on the
+  model's first repetition (G layers, what an unshared G-layer model
+  costs), the faster of its two numerics."""
+  wide, wide_params = replay.init_model(dataclasses.replace(
+      demo_model.wide_config(g, r, width, vocab_size=BASE_VOCAB),
+      num_encoder_layers=encoder_layers))
+  shallow = type(wide)(dataclasses.replace(wide.config, num_repeats=1))
   decoder = functools.partial(replay.replay_decoder,
                               max_decode_steps=max_decode_steps)
   return {'speed': decoder('speed', wide), 'greedy': decoder('greedy', wide),
@@ -153,16 +165,18 @@ def replay_speedup(module, params, prompts, lengths, max_decode_steps: int,
   (vocabulary 32128), replaying `params`' SPEED schedules on the prompts at
   batch 1; 'vs_shallow' is SPEED's latency over the best greedy of the
   unshared G-layer model of that width (the paper's latency claim)."""
+  cfg = module.config
+  if cfg.is_encoder_decoder:    # the decoder starts at BOS
+    lengths = np.zeros_like(lengths)
   recs = []
   for i in range(len(prompts)):
-    out = inference.generate(
-        module, params, prompts[i:i + 1], lengths[i:i + 1],
-        max_decode_steps=max_decode_steps, method='speed',
-        bidirectional=True, record_schedule=True)
+    out = generate(module, params, prompts[i:i + 1], lengths[i:i + 1],
+                   max_decode_steps=max_decode_steps, method='speed',
+                   record_schedule=True)
     recs.append(replay.replay_record(out, prompts[i:i + 1], lengths[i:i + 1]))
-  cfg = module.config
   runs, wide_params = _wide_replay(cfg.num_unique_layers, cfg.num_repeats,
-                                   width, max_decode_steps)
+                                   cfg.num_encoder_layers, width,
+                                   max_decode_steps)
   calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
                   for rec in recs] for name, fn in runs.items()}
   seconds, outputs = common.interleaved_passes(calls, repeats)

@@ -102,6 +102,10 @@ def markdown(results: Dict[str, Any]) -> str:
             'SPEED\'s replayed ms/token over the best greedy of an unshared '
             'model of the shared one\'s G layers at the same width (4L for '
             '4x3), the paper\'s latency claim.', '']
+  if any(row['config'].startswith('ed') for row in results['runs']):
+    lines[-1:-1] = [f'ed* models are encoder-decoders: an encoder of '
+                    f'{results.get("encoder_layers")} layers and the decoder '
+                    'named (the prompt is the encoder\'s input).']
   lines += _long_lines(results) + _curve_lines(results)
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):

@@ -26,6 +26,7 @@ import flax.serialization
 import jax
 import numpy as np
 
+from t5x_speed import encoder_decoder
 from t5x_speed import network
 from tools import common
 from tools import paper_table_data
@@ -49,6 +50,13 @@ def run_label(name: str, seed: int, agreement: float) -> str:
   """How progress names a run: '2x3 seed 1 agreement 0.3'."""
   return f'{name} seed {seed}' + (f' agreement {agreement:g}' if agreement
                                   else '')
+
+
+def module_of(config: network.TransformerConfig):
+  """The model module of `config`: decoder-only or encoder-decoder."""
+  if config.is_encoder_decoder:
+    return encoder_decoder.SpeedEncoderDecoder(config)
+  return network.SpeedTransformer(config)
 
 
 def t5x_init_rng(seed: int) -> jax.Array:
@@ -281,7 +289,10 @@ def trained_run(name: str, config: network.TransformerConfig,
   if trainer_kind not in TRAINERS:
     raise ValueError(f'trainer must be one of {TRAINERS}, got '
                      f'{trainer_kind!r}.')
-  module = network.SpeedTransformer(config)
+  if trainer_kind == 't5x' and config.is_encoder_decoder:
+    raise ValueError(f'{name}: the table trains encoder-decoder models with '
+                     'the library trainer only.')
+  module = module_of(config)
   key = run_key(name, config, recipe, trainer_kind, batch_size, lengths,
                 data_dir, languages)
   run_dir = os.path.join(out_dir, 'runs', key)

@@ -1,8 +1,9 @@
-"""The tools' trainer: a SpeedTransformer trained with optax, without T5X.
+"""The tools' trainer: SPEED's models trained with optax, without T5X.
 
-The weighted multi-exit loss (and, if asked, the exits' agreement term of
-`losses.exit_agreement`), averaged over target tokens, on batches from
-`seqio.DecoderFeatureConverter`; AdamW with a linear warmup over the first
+A `network.SpeedTransformer` on batches from `seqio.DecoderFeatureConverter`
+or an `encoder_decoder.SpeedEncoderDecoder` on `seqio.EncDecFeatureConverter`
+batches: the weighted multi-exit loss (and, if asked, the exits' agreement
+term of `losses.exit_agreement`), averaged over target tokens; AdamW with a linear warmup over the first
 tenth of the steps and cosine decay to a twentieth of the peak rate.
 `exit_consistency` measures the exits on held-out batches, teacher-forced;
 `train` can call it (or any evaluation) every few steps.
@@ -20,7 +21,6 @@ import optax
 import tqdm
 
 from t5x_speed import losses
-from t5x_speed import network
 
 WEIGHT_DECAY = 0.01
 
@@ -57,16 +57,23 @@ def schedule_settings(recipe: Recipe) -> Dict[str, float]:
           'end_value': recipe.learning_rate / 20}
 
 
-def forward(module: network.SpeedTransformer, params, batch,
-            enable_dropout: bool = False, rngs=None) -> jax.Array:
+def forward(module, params, batch, enable_dropout: bool = False,
+            rngs=None) -> jax.Array:
   """Every exit's logits [R, batch, length, vocab] on a converted batch
-  (length: K, at the batch's `exit_positions` [batch, K] if it has them)."""
-  return module.apply(
-      {'params': params}, batch['decoder_input_tokens'],
-      batch['decoder_target_tokens'], batch.get('decoder_segment_ids'),
-      batch.get('decoder_positions'), batch['decoder_causal_attention'],
-      enable_dropout=enable_dropout, rngs=rngs,
-      exit_positions=batch.get('exit_positions'))
+  (length: K, at the batch's `exit_positions` [batch, K] if it has them),
+  of a `network.SpeedTransformer` (prefix-LM batches) or an
+  `encoder_decoder.SpeedEncoderDecoder` (encoder-decoder batches)."""
+  if module.config.is_encoder_decoder:
+    args = (batch['encoder_input_tokens'], batch['decoder_input_tokens'],
+            batch['decoder_target_tokens'], batch.get('encoder_segment_ids'),
+            batch.get('decoder_segment_ids'))
+  else:
+    args = (batch['decoder_input_tokens'], batch['decoder_target_tokens'],
+            batch.get('decoder_segment_ids'), batch.get('decoder_positions'),
+            batch['decoder_causal_attention'])
+  return module.apply({'params': params}, *args,
+                      enable_dropout=enable_dropout, rngs=rngs,
+                      exit_positions=batch.get('exit_positions'))
 
 
 def with_exit_positions(batch: Dict[str, np.ndarray], multiple: int = 32
@@ -98,7 +105,7 @@ def with_exit_positions(batch: Dict[str, np.ndarray], multiple: int = 32
           'exit_weights': take(weights)}
 
 
-def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
+def train(module, batches: Iterator[Dict[str, Any]],
           recipe: Recipe, progress_bar: bool = True, desc: str = 'training',
           init_rng: Optional[jax.Array] = None,
           evaluate: Optional[Callable[[TrainState], None]] = None,
@@ -124,9 +131,9 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
   first = next(batches)
   if init_rng is None:
     init_rng = jax.random.PRNGKey(recipe.seed)
-  params = module.init(init_rng,
-                       first['decoder_input_tokens'][:1],
-                       first['decoder_target_tokens'][:1],
+  inputs = (['encoder_input_tokens'] if module.config.is_encoder_decoder
+            else []) + ['decoder_input_tokens', 'decoder_target_tokens']
+  params = module.init(init_rng, *(first[k][:1] for k in inputs),
                        enable_dropout=False)['params']
   schedule = optax.warmup_cosine_decay_schedule(**schedule_settings(recipe))
   optimizer = optax.adamw(schedule, weight_decay=WEIGHT_DECAY)
@@ -185,7 +192,7 @@ def train(module: network.SpeedTransformer, batches: Iterator[Dict[str, Any]],
   return params, history
 
 
-def exit_consistency(module: network.SpeedTransformer, params,
+def exit_consistency(module, params,
                      batches: Iterable[Dict[str, Any]]
                      ) -> Dict[str, np.ndarray]:
   """Teacher-forced per-exit loss, accuracy and agreement with the final

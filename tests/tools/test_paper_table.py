@@ -16,6 +16,7 @@ import seqio
 
 from t5x_speed import network
 from tools import common
+from tools import demo_real
 from tools import gettext_data
 from tools import paper_table
 from tools import paper_table_data
@@ -138,7 +139,8 @@ class PaperTableTest(absltest.TestCase):
     self.assertTrue(os.path.getsize(os.path.join(out, 'paper_table.png')))
     runs = [(r['config'], r['seed'], r['exit_agreement'])
             for r in results['runs']]
-    self.assertEqual(runs, [('2L', 0, 0.0), ('2x3', 0, 0.0), ('2x3', 0, 1.0)])
+    self.assertEqual(runs, [('2L', 0, 0.0), ('2x3', 0, 0.0), ('ed2x3', 0, 0.0),
+                            ('2x3', 0, 1.0)])
     for row in results['runs']:
       self.assertBetween(row['bleu'], 0.0, 100.0)
       self.assertBetween(row['chrf'], 0.0, 100.0)
@@ -161,6 +163,7 @@ class PaperTableTest(absltest.TestCase):
             min(p['speed']['steps_per_token'] for p in row['curve']), 1.0)
         self.assertGreaterEqual(row['speed']['steps_per_token'], 1.0)
         self.assertGreater(row['replay']['speedup'], 0.0)
+        self.assertGreater(row['replay']['vs_shallow'], 0.0)
         self.assertEqual(row['replay']['width'], 64)
     for row in results['runs']:
       # The validation curve: a point (and a checkpoint) every step here.
@@ -183,10 +186,11 @@ class PaperTableTest(absltest.TestCase):
     final, _ = paper_table_train._load(os.path.join(out, 'runs', run_dirs[0]))
     for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(final)):
       np.testing.assert_array_equal(a, b)
-    self.assertIn('exit_1/agreement', results['runs'][2]['final_train'])
+    self.assertIn('exit_1/agreement', results['runs'][3]['final_train'])
     self.assertNotIn('exit_1/agreement', results['runs'][1]['final_train'])
     self.assertCountEqual(results['latency_ms_per_token'],
-                          ['greedy 2L', 'greedy 2x3', 'SPEED 2x3'])
+                          ['greedy 2L', 'greedy 2x3', 'SPEED 2x3',
+                           'greedy ed2x3', 'SPEED ed2x3'])
     with open(os.path.join(out, 'paper_table.md')) as f:
       text = f.read()
     self.assertIn('Width 32 (64-wide heads), 3 steps of 4 packed', text)
@@ -197,9 +201,32 @@ class PaperTableTest(absltest.TestCase):
       self.assertTrue(os.path.exists(os.path.join(out, 'runs', run_dir,
                                                   'curve.json')))
     self.assertFalse(any(row['trained_earlier'] for row in results['runs']))
-    self.assertLen(os.listdir(os.path.join(out, 'runs')), 3)
+    self.assertLen(os.listdir(os.path.join(out, 'runs')), 4)
     with open(os.path.join(self.data_dir, 'stats.json')) as f:
       self.assertGreater(json.load(f)['counts']['kept'], 10000)
+
+    # `make demo-real` on this table's models, exported as the committed
+    # ones are.
+    models = tempfile.mkdtemp()
+    manifest = demo_real.export(out, models, paper_table.TINY, '2x3', '2L',
+                                self.data_dir)
+    self.assertCountEqual(os.listdir(models), [
+        'manifest.json', 'spm.model', '2x3.msgpack', '2L.msgpack'])
+    self.assertEqual(manifest['models']['2x3']['test_bleu'],
+                     results['runs'][1]['bleu'])
+    demo_out = tempfile.mkdtemp()
+    self.assertEqual(demo_real.main([
+        '--models_dir', models, '--out', demo_out, '--prompts', '8',
+        '--long_prompts', '8', '--timed_prompts', '1', '--repeats', '1',
+        '--replay_width', '64']), 0)
+    with open(os.path.join(demo_out, 'results.json')) as f:
+      demo = json.load(f)
+    self.assertTrue(demo['same_data'])    # the same catalogs
+    self.assertTrue(demo['quality']['speed']['identical_to_greedy'])
+    self.assertTrue(demo['long']['speed']['identical_to_greedy'])
+    self.assertTrue(demo['replay']['long']['identical'])
+    self.assertCountEqual(demo['latency_ms_per_token'],
+                          ['greedy 2x3', 'SPEED 2x3', 'greedy 2L'])
 
   def test_t5x_train_gives_the_library_trainers_parameters(self):
     pytest.importorskip('t5x')
