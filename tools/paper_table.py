@@ -43,7 +43,7 @@ import dataclasses
 import functools
 import os
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import jax
 import seqio
@@ -206,9 +206,12 @@ def plateau(validation: List[Dict[str, Any]], steps: int,
 
 def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
         quiet: bool = False, trainer_kind: str = 'library',
-        languages: Tuple[str, str] = GETTEXT) -> Dict[str, Any]:
+        languages: Tuple[str, str] = GETTEXT,
+        on_run: Optional[Callable[[Dict[str, Any]], None]] = None
+        ) -> Dict[str, Any]:
   """Builds the data, trains (with the `trainer_kind` trainer, or reads
-  back runs trained earlier), evaluates and times; returns the results."""
+  back runs trained earlier), evaluates and times; returns the results.
+  `on_run(results)` sees the results after each run (the runs so far)."""
   runs = runs_of(settings)
   progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
   gettext = data_dir is None
@@ -227,7 +230,7 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
              'gettext': gettext, 'languages': list(languages),
              'cpu': common.cpu_model(), 'devices': jax.device_count(),
              'trainer': trainer_kind, 'encoder_layers': ENCODER_LAYERS,
-             'runs': []}
+             'planned': len(runs), 'runs': []}
   trained = {}
   for name, seed, agreement in runs:
     module, params, record = train_run(
@@ -251,6 +254,8 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
     if seed == settings.seeds[0] and not agreement:
       trained[name] = (module, params)
     results['runs'].append(row)
+    if on_run is not None:
+      on_run(results)
     progress.advance()
   progress.log(f'timing decoding at batch 1 on {settings.latency_prompts} '
                'test prompts')
@@ -383,8 +388,12 @@ def _flags(argv):
 def main(argv=None) -> int:
   args, settings = _flags(sys.argv[1:] if argv is None else argv)
   os.makedirs(args.out_dir, exist_ok=True)
+  # Each finished run is reported at once: a long table shows its first
+  # runs while the next ones train.
   results = run(settings, args.out_dir, args.data_dir, args.quiet,
-                args.trainer, args.languages)
+                args.trainer, args.languages,
+                lambda partial: paper_table_report.write(partial,
+                                                         args.out_dir))
   paths = paper_table_report.write(results, args.out_dir)
   print(paper_table_report.markdown(results))
   print('Wrote ' + ', '.join(paths) + '.')

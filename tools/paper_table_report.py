@@ -26,8 +26,10 @@ def _conditions(results: Dict[str, Any]) -> str:
           f'and replay at batch 1 on {s["latency_prompts"]} test prompts, '
           f'best of {s["repeats"]} interleaved passes; replay at width '
           f'{s["replay_width"]}, vocabulary 32128, against the faster of the '
-          f'kernel and XLA greedy. Wall time {results["wall_seconds"] / 60:.0f}'
-          ' min.')
+          'kernel and XLA greedy. ' + (
+              f'Wall time {results["wall_seconds"] / 60:.0f} min.'
+              if 'wall_seconds' in results else
+              f'Partial: the runs finished so far, of {results["planned"]}.'))
 
 
 def _validation(row) -> str:
@@ -68,7 +70,7 @@ def _agreement_groups(results) -> Dict[Tuple[str, float], List[Dict]]:
 
 def markdown(results: Dict[str, Any]) -> str:
   """The tables, with their conditions."""
-  lat = results['latency_ms_per_token']
+  lat = results.get('latency_ms_per_token', {})
   # Tables written before the languages were recorded are the gettext set's.
   source, target = results.get('languages',
                                paper_table_data.GETTEXT_LANGUAGES)
@@ -212,7 +214,8 @@ def _curves(axes, results):
     ax.set_xlabel('training step')
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc='upper left')
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8, loc='upper left')
   steps_ax.set_ylabel('SPEED steps per token (dotted)')
   flip_ax.set_title('Flips fall as the model learns')
 
@@ -238,7 +241,8 @@ def _tradeoff(ax, groups):
   ax.set_xlabel('mean flip rate over stages 2..R, % of test tokens')
   ax.set_ylabel('test BLEU (final exit)')
   ax.set_title('Agreement weight: flips vs quality')
-  ax.legend(fontsize=8)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=8)
   ax.grid(alpha=0.3)
 
 
@@ -249,7 +253,7 @@ def _plot(results: Dict[str, Any], path: str):
   fig, axes = plt.subplots(2, 3, figsize=(15, 8))
   (left, middle, right) = axes[0]
   _curves(axes[1], results)
-  lat = results['latency_ms_per_token']
+  lat = results.get('latency_ms_per_token', {})
   bars = left.bar(list(lat), list(lat.values()),
                   color=['#2a7ab9' if k.startswith('SPEED') else '#999999'
                          for k in lat])
@@ -270,7 +274,8 @@ def _plot(results: Dict[str, Any], path: str):
   middle.set_xlabel('stage')
   middle.set_ylabel('flip rate, % of test tokens')
   middle.set_title('Exit flips: paper loss vs agreement')
-  middle.legend(fontsize=8)
+  if middle.get_legend_handles_labels()[0]:
+    middle.legend(fontsize=8)
   middle.grid(alpha=0.3)
   _tradeoff(right, groups)
   fig.tight_layout()

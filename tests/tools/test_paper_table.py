@@ -20,6 +20,7 @@ from tools import demo_real
 from tools import gettext_data
 from tools import paper_table
 from tools import paper_table_data
+from tools import paper_table_report
 from tools import paper_table_train
 from tools import trainer
 
@@ -132,8 +133,18 @@ class PaperTableTest(absltest.TestCase):
 
   def test_tiny_run_writes_the_table(self):
     out = tempfile.mkdtemp()
-    self.assertEqual(paper_table.main(['--tiny', '--quiet', '--out_dir', out,
-                                       '--data_dir', self.data_dir]), 0)
+    reports, write = [], paper_table_report.write
+
+    def recorded(results, out_dir):
+      reports.append((len(results['runs']), 'wall_seconds' in results))
+      return write(results, out_dir)
+    with mock.patch.object(paper_table_report, 'write', recorded):
+      self.assertEqual(paper_table.main(['--tiny', '--quiet', '--out_dir',
+                                         out, '--data_dir', self.data_dir]),
+                       0)
+    # Reported after each of the 4 runs (the runs so far), then in full.
+    self.assertEqual(reports, [(1, False), (2, False), (3, False),
+                               (4, False), (4, True)])
     with open(os.path.join(out, 'paper_table.json')) as f:
       results = json.load(f)
     self.assertTrue(os.path.getsize(os.path.join(out, 'paper_table.png')))
