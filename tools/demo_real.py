@@ -2,9 +2,9 @@
 
     python -m tools.demo_real [--prompts 16] [--out demo_real_out]
 
-1. reads the committed models of the paper table (MODELS_DIR: the shared
-   4x3 and the unshared 4-layer model, their SentencePiece vocabulary and a
-   manifest with their recipe, quality, data hashes and commit);
+1. reads the committed model of the paper table (MODELS_DIR: the shared
+   4x3, its SentencePiece vocabulary and a manifest with its recipe,
+   quality, data hashes and commit);
 2. rebuilds the gettext English->French test and long splits from this
    machine's catalogs (`tools.gettext_data`; nothing is downloaded) and says
    whether the catalogs are those the models were trained on (the hash of
@@ -13,13 +13,14 @@
    checks the outputs identical; reports BLEU on them, sample
    translations, the exits' flip rates and SPEED's loop steps per token;
 4. times decoding at batch 1 at the trained width: SPEED and greedy on the
-   4x3 against greedy on the 4-layer model;
+   4x3 against greedy on its first repetition (4 layers: what an unshared
+   4-layer model costs);
 5. replays the 4x3's SPEED schedules on a T5-Base-width 4x3 (768 wide,
    vocabulary 32128; `tools.replay`) against the best greedy there, for
    short outputs and for the long split's;
 6. writes results.json to --out and exits 1 if any output differs.
 
-`--export OUT_DIR` writes the models from the paper table's runs in OUT_DIR
+`--export OUT_DIR` writes the model from the paper table's runs in OUT_DIR
 (`make paper-table`, at the table's default settings) into --models_dir.
 """
 
@@ -63,12 +64,11 @@ def _digest(path: str) -> str:
 
 def export(out_dir: str, models_dir: str = MODELS_DIR,
            settings: paper_table.TableSettings = paper_table.TableSettings(),
-           shared: str = '4x3', shallow: str = '4L',
-           data_dir: Optional[str] = None) -> Dict[str, Any]:
-  """Copies the table's `shared` and `shallow` runs (first seed, paper
-  loss) from `out_dir` into `models_dir` with the vocabulary and a
-  manifest; the table's data is `data_dir`, by default its own gettext set.
-  """
+           shared: str = '4x3', data_dir: Optional[str] = None
+           ) -> Dict[str, Any]:
+  """Copies the table's `shared` run (first seed, paper loss) from
+  `out_dir` into `models_dir` with the vocabulary and a manifest; the
+  table's data is `data_dir`, by default its own gettext set."""
   data_dir = data_dir or os.path.join(out_dir, 'data')
   with open(os.path.join(out_dir, 'paper_table.json')) as f:
     table = {(r['config'], r['seed'], r['exit_agreement']): r
@@ -76,7 +76,6 @@ def export(out_dir: str, models_dir: str = MODELS_DIR,
   os.makedirs(models_dir, exist_ok=True)
   manifest = {
       'settings': dataclasses.asdict(settings), 'shared': shared,
-      'shallow': shallow,
       'commit': subprocess.run(['git', 'rev-parse', 'HEAD'], text=True,
                                capture_output=True).stdout.strip(),
       'data': {'train.tsv': _digest(os.path.join(data_dir, 'train.tsv')),
@@ -87,7 +86,7 @@ def export(out_dir: str, models_dir: str = MODELS_DIR,
               os.path.join(models_dir, 'spm.model'))
   vocab_size = seqio.SentencePieceVocabulary(
       os.path.join(data_dir, 'spm.model')).vocab_size
-  for name in (shared, shallow):
+  for name in (shared,):
     config = paper_table.model_config(name, settings, vocab_size)
     key = paper_table_train.run_key(
         name, config, trainer.Recipe(
@@ -130,7 +129,7 @@ def run(args) -> Dict[str, Any]:
   """The demo's measurements (see the module docstring)."""
   with open(os.path.join(args.models_dir, 'manifest.json')) as f:
     manifest = json.load(f)
-  shared, shallow = manifest['shared'], manifest['shallow']
+  shared = manifest['shared']
   settings = paper_table.TableSettings(**{
       k: tuple(v) if isinstance(v, list) else v
       for k, v in manifest['settings'].items()})
@@ -140,13 +139,13 @@ def run(args) -> Dict[str, Any]:
                                 lambda _: None)
   vocab = seqio.get_mixture_or_task(paper_table_data.TASK).output_features[
       'targets'].vocabulary
-  models = {}
-  for name in (shared, shallow):
-    config = paper_table.model_config(name, settings, vocab.vocab_size)
-    models[name] = (network.SpeedTransformer(config),
-                    paper_table_train.load_params(
-                        os.path.join(args.models_dir, f'{name}.msgpack')))
-  module, params = models[shared]
+  config = paper_table.model_config(shared, settings, vocab.vocab_size)
+  module = network.SpeedTransformer(config)
+  params = paper_table_train.load_params(
+      os.path.join(args.models_dir, f'{shared}.msgpack'))
+  # Its first repetition costs what an unshared G-layer model costs.
+  shallow = network.SpeedTransformer(dataclasses.replace(config,
+                                                         num_repeats=1))
   short = paper_table_data.test_prompts(args.prompts, settings.lengths)
   long = paper_table_data.test_prompts(args.long_prompts,
                                        settings.long_lengths,
@@ -158,9 +157,10 @@ def run(args) -> Dict[str, Any]:
   prompts, lengths, _ = short
   timed = slice(0, args.timed_prompts)
   results['latency_ms_per_token'] = paper_table_eval.latency(
-      {f'greedy {shared}': (*models[shared], 'greedy'),
-       f'SPEED {shared}': (*models[shared], 'speed'),
-       f'greedy {shallow}': (*models[shallow], 'greedy')},
+      {f'greedy {shared}': (module, params, 'greedy'),
+       f'SPEED {shared}': (module, params, 'speed'),
+       f'greedy {config.num_unique_layers} layers': (shallow, params,
+                                                     'greedy')},
       prompts[timed], lengths[timed], settings.targets_length, args.repeats)
   results['replay'] = {'short': paper_table_eval.replay_speedup(
       module, params, prompts[timed], lengths[timed],
@@ -180,12 +180,12 @@ def report(results: Dict[str, Any]) -> str:
       'replay']
   sp = q['speed']
   manifest = results['manifest']
-  shared, shallow, m = (manifest['shared'], manifest['shallow'],
-                        manifest['models'])
+  shared = manifest['shared']
+  model = manifest['models'][shared]
   lines = [
-      f'Models: {shared} and {shallow} trained on gettext en->fr '
-      f'(test BLEU {m[shared]["test_bleu"]:.1f} and '
-      f'{m[shallow]["test_bleu"]:.1f}; manifest.json).',
+      f'Model: {shared} trained on gettext en->fr (test BLEU '
+      f'{model["test_bleu"]:.1f}, chrF {model["test_chrf"]:.1f}; '
+      'manifest.json).',
       'Data: ' + ('the catalogs the models were trained on.'
                   if results['same_data'] else
                   'these catalogs differ from those the models were trained '
@@ -207,8 +207,8 @@ def report(results: Dict[str, Any]) -> str:
       f'Replayed at width {rp["short"]["width"]} (T5-Base): SPEED '
       f'{rp["short"]["speedup"]:.2f}x the best greedy (long output: '
       f'{rp["long"]["speedup"]:.2f}x), at {rp["short"]["vs_shallow"]:.2f}x '
-      f'the latency of the unshared {shallow} ({rp["long"]["vs_shallow"]:.2f}x'
-      ' long); identical: '
+      'the latency of greedy on an unshared model of its G layers '
+      f'({rp["long"]["vs_shallow"]:.2f}x long); identical: '
       f'{rp["short"]["identical"] and rp["long"]["identical"]}.',
       f'Wall time {results["wall_seconds"]:.0f} s on {results["cpu"]}.']
   return '\n'.join(lines)

@@ -219,10 +219,10 @@ class PaperTableTest(absltest.TestCase):
     # `make demo-real` on this table's models, exported as the committed
     # ones are.
     models = tempfile.mkdtemp()
-    manifest = demo_real.export(out, models, paper_table.TINY, '2x3', '2L',
+    manifest = demo_real.export(out, models, paper_table.TINY, '2x3',
                                 self.data_dir)
     self.assertCountEqual(os.listdir(models), [
-        'manifest.json', 'spm.model', '2x3.msgpack', '2L.msgpack'])
+        'manifest.json', 'spm.model', '2x3.msgpack'])
     self.assertEqual(manifest['models']['2x3']['test_bleu'],
                      results['runs'][1]['bleu'])
     demo_out = tempfile.mkdtemp()
@@ -237,7 +237,7 @@ class PaperTableTest(absltest.TestCase):
     self.assertTrue(demo['long']['speed']['identical_to_greedy'])
     self.assertTrue(demo['replay']['long']['identical'])
     self.assertCountEqual(demo['latency_ms_per_token'],
-                          ['greedy 2x3', 'SPEED 2x3', 'greedy 2L'])
+                          ['greedy 2x3', 'SPEED 2x3', 'greedy 2 layers'])
 
   def test_t5x_train_gives_the_library_trainers_parameters(self):
     pytest.importorskip('t5x')
