@@ -23,7 +23,11 @@ Filtering, in this order (each pair counted under the first rule it fails):
   order, so the first catalog's translation wins).
 
 The split is a hash of the English text: deterministic, independent of the
-order and number of catalogs, and a text never lands in two splits. The
+order and number of catalogs, and a text never lands in two splits. Each
+split is written in the order of another part of that hash, a fixed
+shuffle: read in catalog order, a reader with a small shuffle buffer
+(seqio's holds 1,000 examples) would train on one program's messages after
+another's, and its validation loss would swing with the epoch. The
 `long` split (multi-sentence help texts and descriptions) is a test set of
 long outputs: no model trained on the others has seen its pairs.
 
@@ -49,6 +53,9 @@ from absl import logging
 from tools import common
 
 DEFAULT_LOCALE_DIR = '/usr/share/locale'
+# Raised when a change to the build changes the files it writes, so that
+# sets built before are rebuilt (`stats.json` records it).
+FORMAT = 2
 SPLITS = ('train', 'validation', 'test')
 LONG_SPLIT = 'long'
 LANGUAGES_FILE = 'languages.json'
@@ -136,7 +143,7 @@ def build_pairs(settings: Settings
 
   Returns:
     ({split: [(english, french), ...]}, counts): each split (SPLITS and
-    LONG_SPLIT) in reading order; counts of `catalogs` (of them
+    LONG_SPLIT) in its fixed shuffled order (`order_key`); counts of `catalogs` (of them
     `unreadable`, skipped with a warning), pairs `read`, `kept` (in SPLITS)
     and each filter's drops.
   """
@@ -191,7 +198,15 @@ def build_pairs(settings: Settings
         splits[split_of(english, settings)].append((english, french))
   splits[LONG_SPLIT] = [p for p in long_pairs if p[0] not in seen]
   counts['duplicate'] += len(long_pairs) - len(splits[LONG_SPLIT])
+  for pairs in splits.values():
+    pairs.sort(key=lambda pair: order_key(pair[0]))
   return splits, counts
+
+
+def order_key(english: str) -> bytes:
+  """A pair's place in its split: bytes of the English text's hash that
+  `split_of` does not read, so that the order is a fixed shuffle."""
+  return hashlib.sha256(english.encode('utf-8')).digest()[8:16]
 
 
 def train_vocabulary(out_dir: str, lines: Sequence[str],
@@ -228,18 +243,10 @@ def build(out_dir: str, settings: Settings = Settings(),
   train_vocabulary(out_dir, [text for pair in splits['train'] for text in pair],
                    vocab_size)
   with open(os.path.join(out_dir, 'stats.json'), 'w') as f:
-    json.dump(dict(settings=dataclasses.asdict(settings),
+    json.dump(dict(settings=dataclasses.asdict(settings), format=FORMAT,
                    vocab_size=vocab_size, counts=counts), f, indent=1)
   write_languages(out_dir, ('en', settings.language))
   return counts
-
-
-def write_long_split(out_dir: str, settings: Settings = Settings()) -> int:
-  """Writes only `<out_dir>/long.tsv` (to a set built without it); returns
-  its size."""
-  splits, _ = build_pairs(settings)
-  write_split(out_dir, LONG_SPLIT, splits[LONG_SPLIT])
-  return len(splits[LONG_SPLIT])
 
 
 def write_split(out_dir: str, name: str, pairs) -> None:

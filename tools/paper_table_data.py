@@ -81,8 +81,9 @@ def prepare_data(out_dir: str, vocab_size: int, data_dir: Optional[str], log,
     if os.path.exists(stats):
       with open(stats) as f:
         meta = json.load(f)
-      built = (meta.get('vocab_size'), meta['settings'].get('language'))
-    if built != (vocab_size, languages[1]):
+      built = (meta.get('vocab_size'), meta['settings'].get('language'),
+               meta.get('format'))
+    if built != (vocab_size, languages[1], gettext_data.FORMAT):
       log(f'building the gettext {"->".join(languages)} set')
       counts = gettext_data.build(
           data_dir, gettext_data.Settings(language=languages[1]),
@@ -90,12 +91,6 @@ def prepare_data(out_dir: str, vocab_size: int, data_dir: Optional[str], log,
       log(f'{counts["kept"]} pairs kept of {counts["read"]} read: '
           f'{counts["train"]} / {counts["validation"]} / {counts["test"]}, '
           f'and {counts[LONG]} long')
-    elif not os.path.exists(os.path.join(data_dir, f'{LONG}.tsv')):
-      # A set built before the long split existed: only that split is added,
-      # so that its training data (and the runs keyed by it) stay.
-      log('adding the long split to the gettext set')
-      gettext_data.write_long_split(
-          data_dir, gettext_data.Settings(language=languages[1]))
   spm = os.path.join(data_dir, 'spm.model')
   for name in ('train.tsv', 'test.tsv', 'spm.model'):
     if not os.path.exists(os.path.join(data_dir, name)):

@@ -108,6 +108,12 @@ class GettextDataTest(absltest.TestCase):
     self.assertEqual(second_where.pop('a new message'),
                      gettext_data.split_of('a new message', self._settings()))
     self.assertEqual(where(first), second_where)
+    # Each split in one fixed shuffled order, whatever the catalogs' order.
+    train = [en for en, _ in first['train']]
+    self.assertEqual(train, sorted(train, key=gettext_data.order_key))
+    self.assertNotEqual(train, sorted(train, key=lambda t: int(t.split()[-1])))
+    self.assertEqual([en for en, _ in second['train'] if en != 'a new message'],
+                     train)
     sizes = collections.Counter(where(first).values())
     self.assertEqual(sum(sizes.values()), 2000)
     # 5% / 5% expected: 100 each, binomial sd about 10.
