@@ -88,7 +88,8 @@ sample-bench: install kernel
 
 # The paper's comparison on real data (docs/real_data.md): builds the gettext
 # English-French set into paper_table_out/data once, trains (runs kept in
-# paper_table_out/runs), decodes, replays; about 85 min on 2 cores; e.g.
+# paper_table_out/runs; an interrupted run goes on from its last checkpoint),
+# decodes, replays; hours on 2 cores (docs/real_data.md); e.g.
 # PAPER_TABLE_ARGS="--trainer t5x", "--data_dir /data/my_tsvs" or "--tiny".
 paper-table: install kernel
 	$(BIN)/python -m tools.paper_table $(PAPER_TABLE_ARGS)
