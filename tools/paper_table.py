@@ -228,7 +228,8 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
         settings.long_examples, settings.long_lengths, paper_table_data.LONG)
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
              'gettext': gettext, 'languages': list(languages),
-             'cpu': common.cpu_model(), 'devices': jax.device_count(),
+             'cpu': common.cpu_model(), 'cores': os.cpu_count(),
+             'devices': jax.device_count(),
              'trainer': trainer_kind, 'encoder_layers': ENCODER_LAYERS,
              'planned': len(runs), 'runs': []}
   trained = {}
@@ -266,7 +267,8 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
       models[f'SPEED {name}'] = (module, params, 'speed')
   prompts, lengths, _ = data['test']
   fast = slice(0, settings.latency_prompts)
-  results['latency_ms_per_token'] = paper_table_eval.latency(
+  (results['latency_ms_per_token'],
+   results['latency_load_average']) = paper_table_eval.latency(
       models, prompts[fast], lengths[fast], settings.targets_length,
       settings.repeats)
   progress.advance()

@@ -6,7 +6,8 @@
 * `curve`: quality, flips and SPEED's steps per token at every checkpoint
   of a run, kept beside its checkpoints;
 * `latency` and `replay_speedup`: decoding at batch 1, on the trained model
-  and with its SPEED schedules replayed at T5-Base width.
+  and with its SPEED schedules replayed at T5-Base width, each with the
+  machine's load average while it was timed.
 """
 
 import dataclasses
@@ -121,21 +122,32 @@ def curve(module, run_dir: str, steps: List[int], prompts, lengths, refs,
   return points
 
 
+def _timed_passes(calls, repeats):
+  """`common.interleaved_passes`, and the machine's busiest one-minute load
+  average around them: timings taken beside other work (a load above the
+  cores JAX uses) are not the model's."""
+  before = os.getloadavg()[0]
+  seconds, outputs = common.interleaved_passes(calls, repeats)
+  return seconds, outputs, max(before, os.getloadavg()[0])
+
+
 def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
-            max_decode_steps: int, repeats: int) -> Dict[str, float]:
+            max_decode_steps: int, repeats: int
+            ) -> Tuple[Dict[str, float], float]:
   """ms per token of each (module, params, method) at batch 1, interleaved
-  passes over the prompts, best pass."""
+  passes over the prompts, best pass; and the load average (`_timed_passes`).
+  """
   calls = {name: [functools.partial(
       generate, module, params, prompts[i:i + 1], lengths[i:i + 1],
       max_decode_steps=max_decode_steps, method=method)
                   for i in range(len(prompts))]
            for name, (module, params, method) in models.items()}
-  seconds, outputs = common.interleaved_passes(calls, repeats)
+  seconds, outputs, load = _timed_passes(calls, repeats)
   out = {}
   for name, passes in seconds.items():
     tokens = sum(common.produced_count(o.tokens) for o in outputs[name])
     out[name] = 1e3 * float(np.min(passes)) / tokens
-  return out
+  return out, load
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,11 +191,11 @@ def replay_speedup(module, params, prompts, lengths, max_decode_steps: int,
                                    max_decode_steps)
   calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
                   for rec in recs] for name, fn in runs.items()}
-  seconds, outputs = common.interleaved_passes(calls, repeats)
+  seconds, outputs, load = _timed_passes(calls, repeats)
   tokens = sum(rec['tokens'] for rec in recs)
   ms = {name: 1e3 * float(np.min(t)) / tokens for name, t in seconds.items()}
   best = min(ms['greedy'], ms['greedy_xla'])
-  return {'width': width, 'tokens': tokens,
+  return {'width': width, 'tokens': tokens, 'load_average': load,
           'ms_per_token': ms, 'speedup': best / ms['speed'],
           'vs_shallow': ms['speed'] / min(ms['shallow'], ms['shallow_xla']),
           'identical': all(np.array_equal(a.sequences, b.sequences) for a, b

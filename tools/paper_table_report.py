@@ -29,7 +29,21 @@ def _conditions(results: Dict[str, Any]) -> str:
           'kernel and XLA greedy. ' + (
               f'Wall time {results["wall_seconds"] / 60:.0f} min.'
               if 'wall_seconds' in results else
-              f'Partial: the runs finished so far, of {results["planned"]}.'))
+              f'Partial: the runs finished so far, of {results["planned"]}.')
+          ) + _timing_load(results)
+
+
+def _timing_load(results: Dict[str, Any]) -> str:
+  """' Timed at load averages up to X (N cores).': beside other work (a
+  load above the cores), the timings are not the models'."""
+  loads = [results.get('latency_load_average')] + [
+      part['replay'].get('load_average') for row in results['runs']
+      for part in (row, row.get('long', {})) if 'replay' in part]
+  loads = [x for x in loads if x is not None]
+  if not loads:
+    return ''
+  return (f' Timed at one-minute load averages up to {max(loads):.1f} '
+          f'({results.get("cores", "?")} cores).')
 
 
 def _validation(row) -> str:
