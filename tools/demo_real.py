@@ -43,18 +43,23 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
 import seqio
 
-from t5x_speed import network
 from tools import common
 from tools import gettext_data
 from tools import paper_table
 from tools import paper_table_data
 from tools import paper_table_eval
 from tools import paper_table_train
-from tools import trainer
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'figures', 'real_data', 'models')
+
+
+def _from_json(cls, fields: Dict[str, Any]):
+  """A settings dataclass from its `dataclasses.asdict` read back from
+  JSON (whose lists were tuples)."""
+  return cls(**{k: tuple(v) if isinstance(v, list) else v
+                for k, v in fields.items()})
 
 
 def _digest(path: str) -> str:
@@ -86,22 +91,19 @@ def export(out_dir: str, models_dir: str = MODELS_DIR,
               os.path.join(models_dir, 'spm.model'))
   vocab_size = seqio.SentencePieceVocabulary(
       os.path.join(data_dir, 'spm.model')).vocab_size
-  for name in (shared,):
-    config = paper_table.model_config(name, settings, vocab_size)
-    key = paper_table_train.run_key(
-        name, config, trainer.Recipe(
-            steps=settings.steps, learning_rate=settings.learning_rate,
-            seed=settings.seeds[0]), 'library', settings.batch_size,
-        settings.lengths, data_dir)
-    shutil.copy(os.path.join(out_dir, 'runs', key, 'params.msgpack'),
-                os.path.join(models_dir, f'{name}.msgpack'))
-    row = table[(name, settings.seeds[0], 0.0)]
-    manifest['models'][name] = {
-        'config': json.loads(json.dumps(dataclasses.asdict(config),
-                                        default=str)), 'run': key,
-        'sha256': _digest(os.path.join(models_dir, f'{name}.msgpack')),
-        'validation_loss': row['validation'][-1]['loss'][-1],
-        'test_bleu': row['bleu'], 'test_chrf': row['chrf']}
+  config = paper_table.model_config(shared, settings, vocab_size)
+  key = paper_table_train.run_key(
+      shared, config, paper_table.recipe(settings, settings.seeds[0]),
+      'library', settings.batch_size, settings.lengths, data_dir)
+  path = os.path.join(models_dir, f'{shared}.msgpack')
+  shutil.copy(os.path.join(out_dir, 'runs', key, 'params.msgpack'), path)
+  row = table[(shared, settings.seeds[0], 0.0)]
+  manifest['models'][shared] = {
+      'config': json.loads(json.dumps(dataclasses.asdict(config),
+                                      default=str)), 'run': key,
+      'sha256': _digest(path),
+      'validation_loss': row['validation'][-1]['loss'][-1],
+      'test_bleu': row['bleu'], 'test_chrf': row['chrf']}
   with open(os.path.join(models_dir, 'manifest.json'), 'w') as f:
     json.dump(manifest, f, indent=1)
   return manifest
@@ -113,10 +115,8 @@ def rebuild_data(data_dir: str, models_dir: str, manifest: Dict[str, Any]
   vocabulary into `data_dir`; True if its training split is the one the
   models were trained on."""
   os.makedirs(data_dir, exist_ok=True)
-  settings = gettext_data.Settings(**{
-      k: tuple(v) if isinstance(v, list) else v
-      for k, v in manifest['data']['gettext'].items()})
-  splits, _ = gettext_data.build_pairs(settings)
+  splits, _ = gettext_data.build_pairs(
+      _from_json(gettext_data.Settings, manifest['data']['gettext']))
   for name, pairs in splits.items():
     gettext_data.write_split(data_dir, name, pairs)
   shutil.copy(os.path.join(models_dir, 'spm.model'),
@@ -130,9 +130,7 @@ def run(args) -> Dict[str, Any]:
   with open(os.path.join(args.models_dir, 'manifest.json')) as f:
     manifest = json.load(f)
   shared = manifest['shared']
-  settings = paper_table.TableSettings(**{
-      k: tuple(v) if isinstance(v, list) else v
-      for k, v in manifest['settings'].items()})
+  settings = _from_json(paper_table.TableSettings, manifest['settings'])
   data_dir = os.path.join(args.out, 'data')
   same_data = rebuild_data(data_dir, args.models_dir, manifest)
   paper_table_data.prepare_data(args.out, settings.vocab_size, data_dir,
@@ -140,7 +138,7 @@ def run(args) -> Dict[str, Any]:
   vocab = seqio.get_mixture_or_task(paper_table_data.TASK).output_features[
       'targets'].vocabulary
   config = paper_table.model_config(shared, settings, vocab.vocab_size)
-  module = network.SpeedTransformer(config)
+  module = paper_table_train.module_of(config)
   params = paper_table_train.load_params(
       os.path.join(args.models_dir, f'{shared}.msgpack'))
   short = paper_table_data.test_prompts(args.prompts, settings.lengths)

@@ -143,9 +143,9 @@ def build_pairs(settings: Settings
 
   Returns:
     ({split: [(english, french), ...]}, counts): each split (SPLITS and
-    LONG_SPLIT) in its fixed shuffled order (`order_key`); counts of `catalogs` (of them
-    `unreadable`, skipped with a warning), pairs `read`, `kept` (in SPLITS)
-    and each filter's drops.
+    LONG_SPLIT) in its fixed shuffled order (`order_key`); counts of
+    `catalogs` (of them `unreadable`, skipped with a warning), pairs `read`,
+    `kept` (in SPLITS) and each filter's drops.
   """
   files = catalog_files(settings)
   if not files:
@@ -172,6 +172,7 @@ def build_pairs(settings: Settings
     for msgid, msgstr in pairs:
       counts['read'] += 1
       english, french = clean(msgid), clean(msgstr)
+      is_long = max(len(english), len(french)) > settings.max_chars
       if names_list:
         reason = 'names_list'
       elif not english or not french:
@@ -182,14 +183,13 @@ def build_pairs(settings: Settings
         reason = 'placeholders'
       elif english.casefold() == french.casefold():
         reason = 'untranslated'
-      elif english in (seen_long if max(len(english), len(french)) >
-                       settings.max_chars else seen):
+      elif english in (seen_long if is_long else seen):
         reason = 'duplicate'
       else:
         reason = None
       if reason:
         counts[reason] += 1
-      elif max(len(english), len(french)) > settings.max_chars:
+      elif is_long:
         seen_long.add(english)
         long_pairs.append((english, french))
       else:

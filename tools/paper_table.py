@@ -115,8 +115,8 @@ class TableSettings:
 
 
 TINY = TableSettings(configs=('2L', '2x3', 'ed2x3'), sweep_configs=('2x3',),
-                     width=32,
-                     steps=3, batch_size=4, inputs_length=24, targets_length=24, vocab_size=300,
+                     width=32, steps=3, batch_size=4, inputs_length=24,
+                     targets_length=24, vocab_size=300,
                      seeds=(0,), exit_agreements=(1.0,), test_examples=8,
                      curve_points=3, validation_examples=8,
                      consistency_examples=8, latency_prompts=2, repeats=1,
@@ -131,6 +131,15 @@ def model_config(name: str, settings: TableSettings,
   if name.startswith('ed'):
     config = dataclasses.replace(config, num_encoder_layers=ENCODER_LAYERS)
   return config
+
+
+def recipe(settings: TableSettings, seed: int,
+           agreement: float = 0.0) -> trainer.Recipe:
+  """The training recipe of the run (`seed`, `agreement`) of the table."""
+  return trainer.Recipe(
+      steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
+      exit_agreement=agreement,
+      exit_agreement_target=settings.exit_agreement_target)
 
 
 def runs_of(settings: TableSettings) -> List[Tuple[str, int, float]]:
@@ -152,11 +161,6 @@ def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
               trainer_kind: str, progress: common.Progress, quiet: bool,
               languages: Tuple[str, str] = GETTEXT):
   """(module, params, training record) of one run (`paper_table_train`)."""
-  recipe = trainer.Recipe(
-      steps=settings.steps, learning_rate=settings.learning_rate, seed=seed,
-      exit_agreement=agreement,
-      exit_agreement_target=settings.exit_agreement_target)
-
   config = model_config(name, settings, vocab_size)
 
   def batches(skip):
@@ -165,7 +169,8 @@ def train_run(name: str, seed: int, agreement: float, settings: TableSettings,
         shuffle=True, seed=seed, encoder_decoder=config.is_encoder_decoder
     ).skip(skip).as_numpy_iterator()
   return paper_table_train.trained_run(
-      name, config, recipe, trainer_kind, out_dir, data_dir,
+      name, config, recipe(settings, seed, agreement), trainer_kind, out_dir,
+      data_dir,
       paper_table_data.TASK, batches, settings.lengths, settings.batch_size,
       progress, quiet, languages,
       functools.partial(validation_point,

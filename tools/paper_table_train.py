@@ -304,6 +304,10 @@ def trained_run(name: str, config: network.TransformerConfig,
     return module, params, {**record, 'cached': True, 'run_dir': run_dir}
   os.makedirs(run_dir, exist_ok=True)
   resume_path = os.path.join(run_dir, 'resume.msgpack')
+  # Read once: its step says which batches to skip, its state restores.
+  resumed = (load_params(resume_path)
+             if evaluate_every and os.path.exists(resume_path) else None)
+  resumed_meta = json.loads(resumed['meta']) if resumed else None
   validation = []
   # Seconds of training and of evaluation before this process went on with
   # the run, and this process's evaluation.
@@ -331,8 +335,7 @@ def trained_run(name: str, config: network.TransformerConfig,
                             'opt_state': state.opt_state}))}))
 
   def restore(initial):
-    resumed = load_params(resume_path)
-    meta = json.loads(resumed['meta'])
+    meta = resumed_meta
     state = flax.serialization.from_state_dict(
         {'params': initial.params, 'opt_state': initial.opt_state},
         resumed['state'])
@@ -344,8 +347,7 @@ def trained_run(name: str, config: network.TransformerConfig,
                               state['opt_state'], meta['history'])
 
   if trainer_kind == 'library':
-    skip = (json.loads(load_params(resume_path)['meta'])['step']
-            if evaluate_every and os.path.exists(resume_path) else 0)
+    skip = resumed_meta['step'] if resumed else 0
     progress.log(f'training {label}: {recipe.steps} steps (library trainer)')
     params, history = train_library(
         module, batches_fn(skip), recipe, quiet, label,

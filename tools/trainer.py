@@ -3,8 +3,9 @@
 A `network.SpeedTransformer` on batches from `seqio.DecoderFeatureConverter`
 or an `encoder_decoder.SpeedEncoderDecoder` on `seqio.EncDecFeatureConverter`
 batches: the weighted multi-exit loss (and, if asked, the exits' agreement
-term of `losses.exit_agreement`), averaged over target tokens; AdamW with a linear warmup over the first
-tenth of the steps and cosine decay to a twentieth of the peak rate.
+term of `losses.exit_agreement`), averaged over target tokens; AdamW with a
+linear warmup over the first tenth of the steps and cosine decay to a
+twentieth of the peak rate.
 `exit_consistency` measures the exits on held-out batches, teacher-forced;
 `train` can call it (or any evaluation) every few steps.
 """
