@@ -12,6 +12,11 @@ A decode step's weight products, gathers and attention take its
 per-row GEMVs. Full-sequence passes (training, scoring, prefill) pass none
 and use XLA's ops. Gathers and scatters of 16-bit floats move the values as
 uint16 bits in every pass (`move_values`).
+
+Dense kernels and the embedding table may also be int8 with float32 scales
+per output channel (`kernel_scale` / `embedding_scale` beside them, from
+`t5x_speed.quantize.quantize_int8`): every pass then multiplies by the
+widened weights in float32 and scales each finished sum.
 """
 
 import functools
@@ -28,6 +33,8 @@ import numpy as np
 from t5x_speed import cpu
 from t5x_speed.cpu.dispatch import DecodeNumerics
 from t5x_speed.cpu.dispatch import Matmul
+from t5x_speed.position_bias import RelativePositionBias
+from t5x_speed.position_bias import relative_position_bucket
 
 __all__ = ['Dense', 'dense_group', 'RMSNorm', 'Mlp', 'Embed',
            'RelativePositionBias', 'relative_position_bucket',
@@ -62,13 +69,28 @@ def _per_row(x: Array, batch_ndim: int, row_fn) -> Array:
   return out.reshape(batch_shape + out.shape[1:])
 
 
+def _int8_scale(module: nn.Module, weight: Array, name: str
+                ) -> Optional[Array]:
+  """The float32 scales of an int8 `weight` (the param `name`), else None."""
+  if weight.dtype != jnp.int8:
+    return None
+  scale = module.get_variable('params', name)
+  if scale is None:
+    raise ValueError(f'{module.name}: an int8 weight needs its {name!r} '
+                     'beside it; quantize parameters with '
+                     't5x_speed.quantize.quantize_int8.')
+  return jnp.asarray(scale)
+
+
 class Dense(nn.Module):
   """Bias-free linear map over the trailing `len(in_shape)` axes.
 
   The kernel is stored 2-D, [prod(in), prod(out)], as T5X's DenseGeneral does,
   so that its logical axes (`kernel_axes`) name the stored array. Called
   with a decode step's `numerics`, the product runs as they say (the CPU
-  kernel reads the stored layout directly); without, it is XLA's dot.
+  kernel reads the stored layout directly); without, it is XLA's dot. An
+  int8 kernel (with `kernel_scale` [prod(out)]) is multiplied in float32,
+  the result rounded once to `dtype`.
   """
 
   features: Tuple[int, ...]
@@ -85,14 +107,23 @@ class Dense(nn.Module):
         'kernel', self.kernel_init,
         (int(np.prod(in_shape)), int(np.prod(features))), jnp.float32,
         axes=self.kernel_axes)
+    w_scale = _int8_scale(self, kernel, 'kernel_scale')
     x = jnp.asarray(x, self.dtype)
     batch_ndim = x.ndim - self.num_in_axes
     batch_shape = x.shape[:batch_ndim]
     path = _matmul_path(numerics, int(np.prod(batch_shape)), kernel.size)
-    if path is Matmul.KERNEL:
+    if path is Matmul.KERNEL or w_scale is not None:
       flat = x.reshape(batch_shape + (kernel.shape[0],))
-      out = cpu.matmul.matmul(flat, jnp.asarray(kernel, self.dtype),
-                              threads=numerics.threads)
+      if w_scale is None:
+        kernel = jnp.asarray(kernel, self.dtype)
+      matmul = functools.partial(
+          cpu.matmul.matmul, w=kernel, w_scale=w_scale,
+          force_xla=path is not Matmul.KERNEL,
+          threads=0 if numerics is None else numerics.threads)
+      if path is Matmul.ROW_MATVECS:
+        out = _per_row(flat, batch_ndim, lambda row: matmul(row))
+      else:
+        out = matmul(flat)
       return out.reshape(batch_shape + features)
     kernel = jnp.asarray(kernel, self.dtype).reshape(in_shape + features)
     k_axes = tuple(range(self.num_in_axes))
@@ -124,13 +155,17 @@ def dense_group(denses: Sequence[Dense], x: Array,
   if (len(denses) > 1 and
       all(d.num_in_axes == 1 and d.dtype == dtype for d in denses) and
       all(d.has_variable('params', 'kernel') for d in denses)):
-    kernels = [jnp.asarray(d.variables['params']['kernel'], dtype)
+    kernels = [jnp.asarray(d.get_variable('params', 'kernel'))
                for d in denses]
+    w_scales = [_int8_scale(d, k, 'kernel_scale')
+                for d, k in zip(denses, kernels)]
+    if w_scales[0] is None:
+      kernels, w_scales = [jnp.asarray(k, dtype) for k in kernels], None
     path = _matmul_path(numerics, int(np.prod(batch_shape)),
                         sum(k.size for k in kernels))
     if path is Matmul.KERNEL:
       outs = cpu.matmul.matmuls(jnp.asarray(x, dtype), kernels,
-                                threads=numerics.threads)
+                                w_scales=w_scales, threads=numerics.threads)
       return tuple(o.reshape(batch_shape + tuple(np.atleast_1d(d.features)))
                    for o, d in zip(outs, denses))
   return tuple(d(x, numerics) for d in denses)
@@ -184,7 +219,11 @@ class Mlp(nn.Module):
 
 
 class Embed(nn.Module):
-  """Token embedding table, also usable as the tied output classifier."""
+  """Token embedding table, also usable as the tied output classifier.
+
+  An int8 table takes `embedding_scale` [num_embeddings] beside it: row v
+  is embedding[v] * embedding_scale[v] as float32.
+  """
 
   num_embeddings: int
   features: int
@@ -202,6 +241,14 @@ class Embed(nn.Module):
     With a decode step's `numerics` on the kernel, the rows are copied as
     stored (a uint16 view of a bf16 table would be a copy per step).
     """
+    w_scale = _int8_scale(self, self.embedding, 'embedding_scale')
+    if w_scale is not None:
+      if numerics is not None and numerics.kernel:
+        rows = cpu.matmul.gather_rows(self.embedding, tokens)
+      else:
+        rows = self.embedding[tokens]
+      rows = rows.astype(jnp.float32) * w_scale[tokens][..., None]
+      return jnp.asarray(rows, self.dtype)
     if numerics is not None and numerics.kernel:
       rows = cpu.matmul.gather_rows(self.embedding, tokens)
       return jnp.asarray(rows, self.dtype)
@@ -223,10 +270,16 @@ class Embed(nn.Module):
     rows = int(np.prod(query.shape[:-1]))
     scored = self.num_embeddings if vocab_limit is None else vocab_limit
     path = _matmul_path(numerics, rows, scored * self.features)
-    if path is Matmul.KERNEL:
-      return cpu.matmul.matmul(query, self.embedding, transpose_w=True,
-                               cols=vocab_limit, scale=scale,
-                               threads=numerics.threads)
+    w_scale = _int8_scale(self, self.embedding, 'embedding_scale')
+    if path is Matmul.KERNEL or w_scale is not None:
+      matmul = functools.partial(
+          cpu.matmul.matmul, w=self.embedding, transpose_w=True,
+          cols=vocab_limit, scale=scale, w_scale=w_scale,
+          force_xla=path is not Matmul.KERNEL,
+          threads=0 if numerics is None else numerics.threads)
+      if path is Matmul.ROW_MATVECS:
+        return _per_row(query, query.ndim - 1, lambda row: matmul(row))
+      return matmul(query)
     table = jnp.asarray(self.embedding, jnp.float32)
     if vocab_limit is not None:
       table = table[:vocab_limit]
@@ -235,84 +288,6 @@ class Embed(nn.Module):
     else:
       scores = jnp.dot(query, table.T)
     return scores if scale == 1.0 else scores * np.float32(scale)
-
-
-def relative_position_bucket(distance: np.ndarray, num_buckets: int,
-                             max_distance: int,
-                             bidirectional: bool = False) -> np.ndarray:
-  """T5's bucket of `distance` = query_pos - key_pos.
-
-  Unidirectional (a decoder's): distances <= 0 share bucket 0. Bidirectional
-  (an encoder's): half the buckets for keys before the query, half for keys
-  after it. Exact for small distances, logarithmic up to `max_distance`,
-  then one bucket. Computed in NumPy float32 like T5X, so the table is
-  bit-identical to it.
-  """
-  n = np.asarray(distance, np.int32)
-  offset = 0
-  if bidirectional:
-    num_buckets //= 2
-    offset = (n < 0).astype(np.int32) * num_buckets
-    n = np.abs(n)
-  else:
-    n = np.maximum(n, 0)
-  max_exact = num_buckets // 2
-  val_if_large = max_exact + (
-      np.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps) /
-      np.log(max_distance / max_exact) * (num_buckets - max_exact)
-  ).astype(np.int32)
-  val_if_large = np.minimum(val_if_large, num_buckets - 1)
-  return offset + np.where(n < max_exact, n, val_if_large)
-
-
-class RelativePositionBias(nn.Module):
-  """T5 relative-position attention bias shared by all layers of a stack (as
-  in T5X); `bidirectional` for an encoder's (`full` only)."""
-
-  num_buckets: int
-  max_distance: int
-  num_heads: int
-  dtype: Any = jnp.float32
-  bidirectional: bool = False
-
-  def setup(self):
-    self.rel_embedding = param_with_axes(
-        'rel_embedding',
-        nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-        (self.num_heads, self.num_buckets), jnp.float32,
-        axes=('heads', 'relpos_buckets'))
-
-  def by_distance(self, length: int) -> Array:
-    """Bias of every distance 0..length-1: [heads, length] (a decoder's)."""
-    if self.bidirectional:
-      raise ValueError('RelativePositionBias.by_distance and .at are a '
-                       'decoder\'s (unidirectional) bias; a bidirectional '
-                       'one has only `full`.')
-    buckets = relative_position_bucket(
-        np.arange(length), self.num_buckets, self.max_distance)
-    return jnp.asarray(self.rel_embedding, self.dtype)[:, buckets]
-
-  def full(self, length: int) -> Array:
-    """Bias of a whole sequence: [1, heads, q_len, k_len]."""
-    pos = np.arange(length)
-    if self.bidirectional:
-      buckets = relative_position_bucket(pos[:, None] - pos[None, :],
-                                         self.num_buckets, self.max_distance,
-                                         bidirectional=True)
-      return jnp.asarray(self.rel_embedding, self.dtype)[:, buckets][None]
-    distance = np.maximum(pos[:, None] - pos[None, :], 0)
-    return self.by_distance(length)[:, distance][None]
-
-  def at(self, positions: Array, length: int) -> Array:
-    """Bias of queries at `positions` [...] against keys 0..length-1.
-
-    Returns [..., heads, length]. Keys after the query get the distance-0
-    bucket, exactly as T5X's unidirectional bias; they are masked anyway.
-    """
-    distance = jnp.clip(positions[..., None] - jnp.arange(length), 0,
-                        length - 1)                       # [..., length]
-    table = self.by_distance(length)                      # [heads, length]
-    return jnp.moveaxis(table[:, distance], 0, -2)        # [..., heads, length]
 
 
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,

@@ -48,6 +48,7 @@ from t5x_speed import losses
 from t5x_speed import network
 from t5x_speed import results
 from t5x_speed import steps
+from t5x_speed import quantize
 
 __all__ = ['SpeedDecoderOnlyModel', 'SpeedEncoderDecoderModel',
            'write_inferences_with_speed_statistics']
@@ -63,9 +64,11 @@ class _SpeedModel:
 
   def _init_exits(self, module, exit_weighting, exit_agreement,
                   exit_agreement_target, score_all_exits,
-                  speculative_vocab_size):
-    """Checks and keeps the exits' options (at construction, not at the
-    first training step)."""
+                  speculative_vocab_size, decode_weights):
+    """Checks and keeps the exits' and decoding's options (at
+    construction, not at the first training step)."""
+    quantize.check_decode_weights(decode_weights)
+    self._decode_weights = decode_weights
     losses.exit_weights(exit_weighting, module.config.num_repeats)
     self._exit_weighting = exit_weighting
     self._exit_agreement = losses.check_exit_agreement(exit_agreement,
@@ -149,6 +152,13 @@ class _SpeedModel:
   def _bound(self, params: PyTree) -> steps.BoundSteps:
     return steps.BoundSteps(self.module, params, self._speculative_vocab_size)
 
+  def _decoding_params(self, params: PyTree) -> PyTree:
+    """The weights a prediction decodes with: int8 ones, quantized once per
+    batch, where `decode_weights` is 'int8' (`quantize.quantize_int8`)."""
+    if self._decode_weights == 'int8':
+      return quantize.quantize_int8(params)
+    return params
+
   def _decode(self, decode_fn_kwargs: Mapping[str, Any],
               rng: Optional[Array],
               decoder_params: Optional[MutableMapping[str, Any]],
@@ -195,6 +205,11 @@ class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
       first token ids; committed tokens are unaffected (see
       `network.Decoder.speed_step`). None scores the whole vocabulary;
       otherwise an integer >= 1.
+    decode_weights: the weights predictions decode with: 'as_given' (the
+      parameters' own dtype, the default) or 'int8' (`quantize.quantize_int8`
+      of them, quantized at each predicted batch: a quarter of float32's
+      bytes per decode step; the int8 model's output, exactly for SPEED and
+      greedy alike). Training and scoring use the parameters as given.
   """
 
   def __init__(self,
@@ -211,7 +226,8 @@ class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
                exit_agreement: float = 0.0,
                exit_agreement_target: str = 'distribution',
                score_all_exits: bool = False,
-               speculative_vocab_size: Optional[int] = None):
+               speculative_vocab_size: Optional[int] = None,
+               decode_weights: str = 'as_given'):
     if (not isinstance(getattr(module, 'config', None),
                        network.TransformerConfig) or
         module.config.is_encoder_decoder):
@@ -220,7 +236,7 @@ class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
                        'decoder model is a SpeedEncoderDecoderModel.')
     self._init_exits(module, exit_weighting, exit_agreement,
                      exit_agreement_target, score_all_exits,
-                     speculative_vocab_size)
+                     speculative_vocab_size, decode_weights)
     super().__init__(
         module=module, vocabulary=vocabulary, optimizer_def=optimizer_def,
         decode_fn=decode_fn,
@@ -289,6 +305,7 @@ class SpeedDecoderOnlyModel(_SpeedModel, t5x_models.DecoderOnlyModel):
           '`task_feature_lengths` must have both `inputs` and `targets`.')
     inputs = batch['decoder_input_tokens'] * batch['decoder_causal_attention']
     decode_args.check_token_range(inputs, self.config.vocab_size)
+    params = self._decoding_params(params)
     cache, initial_index = self._compute_kv_cache(
         params, inputs, batch['decoder_causal_attention'])
     decodes, aux = self._decode(
@@ -303,8 +320,8 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
 
   Args: those of `t5x.models.EncoderDecoderModel` (SPEED by default, not
   beam search), plus those of `SpeedDecoderOnlyModel` beyond T5X's:
-  exit_weighting, exit_agreement, exit_agreement_target, score_all_exits and
-  speculative_vocab_size.
+  exit_weighting, exit_agreement, exit_agreement_target, score_all_exits,
+  speculative_vocab_size and decode_weights.
   """
 
   def __init__(self,
@@ -322,14 +339,15 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
                exit_agreement: float = 0.0,
                exit_agreement_target: str = 'distribution',
                score_all_exits: bool = False,
-               speculative_vocab_size: Optional[int] = None):
+               speculative_vocab_size: Optional[int] = None,
+               decode_weights: str = 'as_given'):
     if not isinstance(module, encoder_decoder.SpeedEncoderDecoder):
       raise ValueError('SpeedEncoderDecoderModel needs an encoder_decoder.'
                        'SpeedEncoderDecoder module, got '
                        f'{type(module).__name__}.')
     self._init_exits(module, exit_weighting, exit_agreement,
                      exit_agreement_target, score_all_exits,
-                     speculative_vocab_size)
+                     speculative_vocab_size, decode_weights)
     super().__init__(
         module=module, input_vocabulary=input_vocabulary,
         output_vocabulary=output_vocabulary, optimizer_def=optimizer_def,
@@ -401,7 +419,7 @@ class SpeedEncoderDecoderModel(_SpeedModel, t5x_models.EncoderDecoderModel):
     else:  # BOS alone: nothing to cache but the encoder's keys and values
       initial_index = jnp.zeros(inputs.shape[:1], jnp.int32)
       span = inputs[:, :1]
-    bound = self._bound(params)
+    bound = self._bound(self._decoding_params(params))
     cache = bound.prefill(span, initial_index,
                           cache_length=inputs.shape[1],
                           encoder_input_tokens=encoder_input_tokens)

@@ -484,7 +484,8 @@ def _x86_flags():
 # process registers one library): its instruction set, its matmul values
 # against NumPy (both forms, f32 and bf16 weights, paired / whole-vector /
 # tail columns and k, 1-12 rows) and its attention against XLA's, each with
-# row independence, and its token choice against XLA's. CXX's flags are part
+# row independence, its int8 weight products likewise, and its token choice
+# against XLA's. CXX's flags are part
 # of the build's cache key, so each variant is its own binary.
 _VARIANT_CHECK = """
 import numpy as np, jax, jax.numpy as jnp
@@ -508,6 +509,25 @@ for transpose_w in (False, True):
         alone = r.matmul(x[i:i + 1], w, transpose_w=transpose_w)
         assert np.array_equal(np.asarray(alone[0], np.float32),
                               got[i].astype(np.float32)), (transpose_w, i)
+    # int8 weights, one float32 scale per output channel.
+    for m, k, n in ((1, 130, 57), (13, 100, 200)):
+      x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+      w = rng.randint(-127, 128, (n, k) if transpose_w else (k, n)).astype(
+          np.int8)
+      s = rng.uniform(0.01, 0.02, n).astype(np.float32)
+      got = np.asarray(r.matmul(x, w, w_scale=s, transpose_w=transpose_w),
+                       np.float64)
+      ws = w.astype(np.float64) * (s[:, None] if transpose_w else s)
+      xs = np.asarray(x, np.float64)
+      ws = ws.T if transpose_w else ws
+      ref, scale = xs @ ws, np.abs(xs) @ np.abs(ws)
+      tol = 1e-5 * scale + (2.0**-8 * np.abs(ref) if dtype == jnp.bfloat16
+                            else 0)
+      assert np.all(np.abs(got - ref) <= tol + 1e-30), ('int8', dtype, m)
+      for i in range(m):
+        alone = r.matmul(x[i:i + 1], w, w_scale=s, transpose_w=transpose_w)
+        assert np.array_equal(np.asarray(alone[0], np.float32),
+                              got[i].astype(np.float32)), ('int8', i)
 # The attention (across keys where a head is narrow: horizontal sums, max,
 # exp): against XLA's, and each slot alone. Masks with gaps, an empty slot
 # (every key masked), head widths of a partial vector, whole vectors and

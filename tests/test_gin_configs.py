@@ -346,7 +346,13 @@ class GinConfigTest(parameterized.TestCase):
     choices = {  # name: (extra decoding file, bindings)
         'speed': (None, ['decoding.speed_decode.max_speculative_rows = None']),
         'greedy': (None, ['DECODING_FN = @decoding.greedy_decode']),
-        'beam_search': ('beam_search.gin', [])}
+        'beam_search': ('beam_search.gin', []),
+        # One flag decodes with int8 weights; SPEED is greedy's on them.
+        'speed_int8': (None, ["DECODE_WEIGHTS = 'int8'",
+                              'decoding.speed_decode.max_speculative_rows = '
+                              'None']),
+        'greedy_int8': (None, ["DECODE_WEIGHTS = 'int8'",
+                               'DECODING_FN = @decoding.greedy_decode'])}
     for name, (extra, bindings) in choices.items():
       self._parse(GIN / 'models' / 'encoder_decoder' / 'speed_2x6.gin',
                   GIN / 'runs' / 'infer.gin',
@@ -359,8 +365,13 @@ class GinConfigTest(parameterized.TestCase):
                                return_all_decodes=True)(
                                    params, batch, jax.random.PRNGKey(1))
       results[name] = np.asarray(decodes)
-      self.assertEqual('speed/num_steps' in aux, name == 'speed', name)
+      self.assertEqual('speed/num_steps' in aux, name.startswith('speed'),
+                       name)
+      self.assertEqual(model._decode_weights,
+                       'int8' if name.endswith('int8') else 'as_given')
     np.testing.assert_array_equal(results['speed'], results['greedy'])
+    np.testing.assert_array_equal(results['speed_int8'],
+                                  results['greedy_int8'])
     # The file binds num_decodes on the encoder-decoder model too.
     self.assertEqual(results['beam_search'].shape, (3, 4, 12))
 

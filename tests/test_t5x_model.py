@@ -16,6 +16,7 @@ import gin  # pylint: disable=g-import-not-at-top
 from t5x import decoding as t5x_decoding  # pylint: disable=g-import-not-at-top
 from t5x_speed import decoding
 from t5x_speed import losses
+from t5x_speed import quantize
 from t5x_speed import sampling
 from t5x_speed import steps
 import t5x_helpers as th
@@ -130,6 +131,26 @@ class SharedModelTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         th.jitted(short.predict_batch)(params, batch),
         th.jitted(greedy.predict_batch)(params, batch))
+
+  def test_int8_decode_weights(self):
+    """decode_weights='int8' decodes the quantized model: SPEED's tokens are
+    greedy's on it and equal the library's greedy on quantize_int8(params);
+    a bad value names the option."""
+    batch = th.prefix_lm_batch(seed=7, batch=2)
+    model = th.speed_model(decode_weights='int8')
+    params = th.init_params(model, batch, seed=8)
+    speed, aux = th.jitted(model.predict_batch_with_aux)(params, batch)
+    greedy = th.speed_model(decode_fn=decoding.greedy_decode,
+                            decode_weights='int8')
+    np.testing.assert_array_equal(speed, th.jitted(greedy.predict_batch)(
+        params, batch))
+    np.testing.assert_array_equal(aux['speed/pipelined'], np.ones(2))
+    as_given = th.speed_model(decode_fn=decoding.greedy_decode)
+    np.testing.assert_array_equal(
+        speed, th.jitted(as_given.predict_batch)(
+            quantize.quantize_int8(params), batch))
+    with self.assertRaisesRegex(ValueError, 'decode_weights must be one of'):
+      th.speed_model(decode_weights='int4')
 
   def test_jitted_predict(self):
     batch = th.prefix_lm_batch(seed=4)

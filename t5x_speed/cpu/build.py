@@ -1,8 +1,8 @@
 """Builds and loads the native library of the CPU kernels (`csrc/`).
 
-The library (`csrc/rowmatmul.cc`, `row_attention.cc`, `row_sample.cc`) is
-compiled on first use with the system C++ compiler, for the CPU it runs on
-(`-march=native`), into one build directory:
+The library (`csrc/rowmatmul.cc`, `gather_rows.cc`, `row_attention.cc`,
+`row_sample.cc`) is compiled on first use with the system C++ compiler, for
+the CPU it runs on (`-march=native`), into one build directory:
 `$XDG_CACHE_HOME/t5x_speed` (default `~/.cache/t5x_speed`). Nothing is
 written anywhere else, the package's own folder included. Each binary is
 named by a hash of what it depends on (sources, jaxlib, compiler and its
@@ -39,13 +39,18 @@ __all__ = ['build', 'build_dir', 'isa', 'available']
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc')
 _SOURCES = tuple(os.path.join(_CSRC, c)
-                 for c in ('rowmatmul.cc', 'row_attention.cc', 'row_sample.cc'))
+                 for c in ('rowmatmul.cc', 'gather_rows.cc', 'row_attention.cc',
+                           'row_sample.cc'))
 _HEADERS = tuple(os.path.join(_CSRC, h)
-                 for h in ('aligned_buffer.h', 'ffi_threads.h', 'row_kernels.h',
-                           'row_vectors.h', 'row_attention.h'))
+                 for h in ('aligned_buffer.h', 'ffi_threads.h',
+                           'row_dispatch.h', 'row_kernels.h',
+                           'row_kernels_kn.h', 'row_vectors.h',
+                           'row_attention.h'))
 # Every FFI target of the library and its C symbol.
 _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_rowmatmul_nt': 'T5xSpeedRowMatmulNT',
+            't5x_speed_rowmatmul_q8': 'T5xSpeedRowMatmulQ8',
+            't5x_speed_rowmatmul_nt_q8': 'T5xSpeedRowMatmulNTQ8',
             't5x_speed_cached_attention': 'T5xSpeedCachedAttention',
             't5x_speed_attention': 'T5xSpeedAttention',
             't5x_speed_gather_rows': 'T5xSpeedGatherRows',

@@ -8,7 +8,10 @@ defeats SPEED's premise that R rows cost about one. The kernel in
 accumulators, AVX-512 / AVX2+FMA / portable, on `threads` threads), and
 computes every row with the same arithmetic whatever the number of rows, so
 a token's weight products are bit-identical in greedy (1 row) and SPEED (R
-rows). `gather_rows` copies embedding rows as they are.
+rows). Weights may also be int8 with float32 scales per output channel
+(`t5x_speed.quantize`): widened exactly as they load, multiplied as float32
+weights are, each finished sum times its channel's scale. `gather_rows`
+copies embedding rows as they are.
 
 Where the library is not built (`build.available()`), every function here is
 XLA's op. Which of a model's matmuls come here is decided by the decode
@@ -22,6 +25,9 @@ Example:
   (3, 32128)
   >>> [o.shape for o in matmuls(x, [jnp.ones((768, 64)), w])]  # one call
   [(3, 64), (3, 2048)]
+  >>> q = jnp.ones((768, 2048), jnp.int8)    # int8, one scale per column
+  >>> float(matmul(x, q, w_scale=jnp.full((2048,), 0.5))[0, 0])
+  384.0
 """
 
 import functools
@@ -35,7 +41,7 @@ import numpy as np
 from t5x_speed.cpu import build
 
 __all__ = ['MAX_ROWS', 'KERNEL_DTYPES', 'matmul', 'matmuls', 'gather_rows',
-           'check_threads']
+           'check_threads', 'check_int8']
 
 Array = jax.Array
 
@@ -53,9 +59,9 @@ KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 def _ffi(x: Array, ws: Tuple[Array, ...], ns: Tuple[int, ...],
          transpose_w: bool, dtype, threads: int,
-         scale: float) -> Tuple[Array, ...]:
+         scale: float, w_scales: Tuple[Array, ...] = ()) -> Tuple[Array, ...]:
   call = jax.ffi.ffi_call(
-      _TARGETS[transpose_w],
+      _TARGETS[transpose_w] + ('_q8' if w_scales else ''),
       tuple(jax.ShapeDtypeStruct((x.shape[0], n), dtype) for n in ns),
       # One call for all vmapped matrices: the kernel takes leading batch
       # axes (size 1 = broadcast).
@@ -63,7 +69,7 @@ def _ffi(x: Array, ws: Tuple[Array, ...], ns: Tuple[int, ...],
   attrs = {'threads': np.int64(threads)}
   if transpose_w:
     attrs['scale'] = np.float32(scale)
-  return tuple(call(x, *ws, **attrs))
+  return tuple(call(x, *ws, *w_scales, **attrs))
 
 
 # The kernel is a forward-only custom call; the backward pass (if a few-row
@@ -110,15 +116,51 @@ def check_threads(threads) -> None:
 
 def _kernel_takes(x: Array, ws: Sequence[Array], rows: int) -> bool:
   """Whether the kernel computes x times every w of `ws` (else XLA's dot)."""
-  dtype = jnp.result_type(x.dtype, *(w.dtype for w in ws))
-  return (dtype in KERNEL_DTYPES and x.dtype in KERNEL_DTYPES and
-          all(w.dtype == ws[0].dtype for w in ws) and
-          ws[0].dtype in KERNEL_DTYPES and x.shape[-1] > 0 and
+  if ws[0].dtype == jnp.int8:
+    weights_ok = all(w.dtype == jnp.int8 for w in ws)
+  else:
+    weights_ok = (jnp.result_type(x.dtype, *(w.dtype for w in ws))
+                  in KERNEL_DTYPES and
+                  all(w.dtype == ws[0].dtype for w in ws) and
+                  ws[0].dtype in KERNEL_DTYPES)
+  return (weights_ok and x.dtype in KERNEL_DTYPES and x.shape[-1] > 0 and
           0 < rows <= MAX_ROWS and build.available())
+
+
+def check_int8(w: Array, w_scale: Optional[Array], channels: int,
+               name: str = 'w_scale') -> None:
+  """Raises ValueError unless `w_scale` suits `w`: float32 [..., channels]
+  for an int8 `w` (with w's leading axes), None for any other."""
+  if w.dtype != jnp.int8:
+    if w_scale is not None:
+      raise ValueError(f'{name} is for int8 weights only, got {w.dtype} '
+                       'weights.')
+    return
+  want = w.shape[:-2] + (channels,)
+  if (w_scale is None or w_scale.dtype != jnp.float32 or
+      w_scale.shape != want):
+    got = None if w_scale is None else (w_scale.shape, str(w_scale.dtype))
+    raise ValueError(f'int8 weights {w.shape} need {name}: float32 {want}, '
+                     f'got {got}.')
+
+
+def _int8_dot(x: Array, w: Array, w_scale: Array, transpose_w: bool,
+              n: int, scale: float) -> Array:
+  """XLA's x @ w for int8 w: float32 products of the widened weights, each
+  times its channel's scale (and `scale`), rounded once to x's dtype."""
+  wf = (w[:n] if transpose_w else w).astype(jnp.float32)
+  out = lax.dot_general(x.astype(jnp.float32), wf,
+                        (((x.ndim - 1,), (1 if transpose_w else 0,)),
+                         ((), ())))
+  out = out * w_scale[:n]
+  if scale != 1.0:
+    out = out * np.float32(scale)
+  return out.astype(x.dtype)
 
 
 def matmul(x: Array, w: Array, *, transpose_w: bool = False,
            cols: Optional[int] = None, scale: float = 1.0,
+           w_scale: Optional[Array] = None,
            force_xla: bool = False, threads: int = 0) -> Array:
   """x @ w (or x @ w[:cols].T * scale) with the kernel for few rows on CPU.
 
@@ -135,23 +177,26 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     scale: with `transpose_w` and a float32 result, multiply the products
       by float32(scale), as XLA multiplies them (the kernel scales each
       product as it stores it, saving a pass over the result).
+    w_scale: for int8 `w` only (and then required): float32 scales, one per
+      output channel, [N] (w's columns, or its rows with `transpose_w`).
     force_xla: always use XLA's dot (reference / A-B).
     threads: threads the kernel uses, 0 for one per core. The result does
       not depend on it.
 
   Returns:
     [..., N] in the promoted dtype of x and w, as XLA's dot of the promoted
-    operands gives. The kernel takes float32 and bfloat16 operands as they
-    are (no converted copy of w) and computes in float32, rounding a
-    bfloat16 result once; other dtypes, an empty contraction or zero rows use
-    XLA's dot.
+    operands gives (x's dtype for int8 w). The kernel takes float32,
+    bfloat16 and int8 weights as they are (no converted copy of w) and
+    computes in float32, rounding a bfloat16 result once; other dtypes, an
+    empty contraction or zero rows use XLA's dot.
 
   Raises:
-    ValueError: on rank or shape mismatch, a bad `cols` or `scale`, or
-      negative `threads`.
+    ValueError: on rank or shape mismatch, a bad `cols`, `scale` or
+      `w_scale`, or negative `threads`.
   """
   check_threads(threads)
   x, w = jnp.asarray(x), jnp.asarray(w)
+  w_scale = None if w_scale is None else jnp.asarray(w_scale)
   if w.ndim != 2 or x.ndim < 1:
     raise ValueError(f'matmul needs x [..., K] and a 2-D w, got {x.shape} and '
                      f'{w.shape}.')
@@ -164,12 +209,20 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
     if not transpose_w or not 0 < cols <= n:
       raise ValueError(f'cols={cols} needs transpose_w and 0 < cols <= {n}.')
     n = cols
-  dtype = jnp.result_type(x.dtype, w.dtype)
+  check_int8(w, w_scale, w.shape[1 - k_axis])
+  dtype = (x.dtype if w_scale is not None else
+           jnp.result_type(x.dtype, w.dtype))
   scale = float(scale)
   if scale != 1.0 and not (transpose_w and dtype == jnp.float32):
     raise ValueError(f'scale={scale} needs transpose_w and a float32 result, '
                      f'got transpose_w={transpose_w} and {dtype}.')
   rows = int(np.prod(x.shape[:-1]))
+  if w_scale is not None:
+    if force_xla or n == 0 or not _kernel_takes(x, (w,), rows):
+      return _int8_dot(x, w, w_scale, transpose_w, n, scale)
+    out, = _ffi(x.reshape(rows, x.shape[-1]), (w,), (n,), transpose_w,
+                dtype, int(threads), scale, (w_scale,))
+    return out.reshape(x.shape[:-1] + (n,))
   if force_xla or n == 0 or not _kernel_takes(x, (w,), rows):
     wn = w[:n] if transpose_w else w
     out = lax.dot_general(x.astype(dtype), wn.astype(dtype),
@@ -180,8 +233,9 @@ def matmul(x: Array, w: Array, *, transpose_w: bool = False,
   return out.reshape(x.shape[:-1] + (n,))
 
 
-def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
-            threads: int = 0) -> Tuple[Array, ...]:
+def matmuls(x: Array, ws: Sequence[Array], *,
+            w_scales: Optional[Sequence[Array]] = None,
+            force_xla: bool = False, threads: int = 0) -> Tuple[Array, ...]:
   """(x @ w for w in ws), in one kernel call for few rows on CPU.
 
   A decode step multiplies the same rows by q, k and v (and by an MLP's
@@ -192,6 +246,8 @@ def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
   Args:
     x: [..., K] activations; leading axes are rows.
     ws: [K, N_j] weights, at least one.
+    w_scales: for int8 `ws` only (and then required): each one's float32
+      scales [N_j].
     force_xla: always use XLA's dot (reference / A-B).
     threads: threads the kernel uses, 0 for one per core.
 
@@ -200,26 +256,38 @@ def matmuls(x: Array, ws: Sequence[Array], *, force_xla: bool = False,
     dtypes are multiplied one call each.
 
   Raises:
-    ValueError: on an empty `ws`, rank or shape mismatch, or negative
-      `threads`.
+    ValueError: on an empty `ws`, rank or shape mismatch, bad `w_scales`,
+      or negative `threads`.
   """
   check_threads(threads)
   x, ws = jnp.asarray(x), tuple(jnp.asarray(w) for w in ws)
   if not ws:
     raise ValueError('matmuls needs at least one weight.')
+  scales = ((None,) * len(ws) if w_scales is None else
+            tuple(jnp.asarray(s) for s in w_scales))
+  if len(scales) != len(ws):
+    raise ValueError(f'matmuls needs one w_scales entry per weight, got '
+                     f'{len(scales)} for {len(ws)}.')
   for w in ws:
     if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[0]:
       raise ValueError(f'matmuls needs x [..., K] and 2-D weights [K, N], got '
                        f'{x.shape} and {[w.shape for w in ws]}.')
+  for w, s in zip(ws, scales):
+    check_int8(w, s, w.shape[1], 'w_scales')
   rows = int(np.prod(x.shape[:-1]))
+  quantized = scales[0] is not None
   if (force_xla or len(ws) == 1 or any(w.shape[1] == 0 for w in ws) or
+      any((s is not None) != quantized for s in scales) or
       not _kernel_takes(x, ws, rows)):
-    return tuple(matmul(x, w, force_xla=force_xla, threads=threads)
-                 for w in ws)
-  dtype = jnp.result_type(x.dtype, ws[0].dtype)
-  outs = _kernel(x.reshape(rows, x.shape[-1]), ws,
-                 tuple(w.shape[1] for w in ws), False, dtype, int(threads),
-                 1.0)
+    return tuple(matmul(x, w, w_scale=s, force_xla=force_xla, threads=threads)
+                 for w, s in zip(ws, scales))
+  flat = x.reshape(rows, x.shape[-1])
+  ns = tuple(w.shape[1] for w in ws)
+  if quantized:
+    outs = _ffi(flat, ws, ns, False, x.dtype, int(threads), 1.0, scales)
+  else:
+    outs = _kernel(flat, ws, ns, False, jnp.result_type(x.dtype, ws[0].dtype),
+                   int(threads), 1.0)
   return tuple(o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs)
 
 

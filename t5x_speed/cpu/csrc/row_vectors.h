@@ -51,6 +51,7 @@ inline uint16_t F32ToBf16(float f) {
 
 inline float ToF32(float v) { return v; }
 inline float ToF32(uint16_t v) { return Bf16ToF32(v); }
+inline float ToF32(int8_t v) { return static_cast<float>(v); }
 inline void FromF32(float v, float* out) { *out = v; }
 inline void FromF32(float v, uint16_t* out) { *out = F32ToBf16(v); }
 
@@ -80,6 +81,11 @@ inline Vec Load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec Load(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// int8 weights widen exactly to f32 (a sign extension and a conversion).
+inline Vec Load(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
 inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
   const __m512i v = _mm512_loadu_si512(p);
@@ -170,6 +176,10 @@ inline Vec Load(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline Vec Load(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
 inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -243,6 +253,7 @@ inline Vec Set1(float v) { return v; }
 inline Vec Fma(Vec a, Vec b, Vec c) { return std::fma(a, b, c); }
 inline Vec Load(const float* p) { return *p; }
 inline Vec Load(const uint16_t* p) { return Bf16ToF32(*p); }
+inline Vec Load(const int8_t* p) { return static_cast<float>(*p); }
 inline void LoadPairs(const uint16_t* p, Vec* even, Vec* odd) {
   *even = Bf16ToF32(p[0]);
   *odd = Bf16ToF32(p[1]);
