@@ -12,7 +12,8 @@ predictions, flushes per step) is recorded, and the Base-width model then
 runs the full computation and control logic of every step with each exit's
 argmax forced to the recorded prediction. The Base model thus takes exactly
 the recorded loop steps and flushes; greedy runs are forced to the same
-tokens. Methods (all in --dtype, same prompts, interleaved, medians):
+tokens. Methods (all in --dtype and --weights, same prompts, interleaved,
+medians):
 
   greedy        greedy_decode on the GxR shared model (full depth per token)
   speed         speed_decode on the GxR shared model
@@ -75,6 +76,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
 import jax  # pylint: disable=g-import-not-at-top
 
+from t5x_speed import quantize
 from t5x_speed.cpu import build
 from tools import bench_measure
 from tools import bench_report
@@ -107,6 +109,12 @@ def parser() -> argparse.ArgumentParser:
                  choices=('float32', 'bfloat16'),
                  help='activations and weights of the Base-width models '
                  '(bfloat16: weights cast to bf16 once, logits in f32).')
+  p.add_argument('--weights', default='as_given',
+                 choices=quantize.DECODE_WEIGHTS,
+                 help='as_given: weights in --dtype; int8: every model\'s '
+                 'weights quantized once to int8 with a float32 scale per '
+                 'output channel (t5x_speed.quantize), activations in '
+                 '--dtype.')
   p.add_argument('--replay_steps', type=int,
                  default=demo_model.REPLAY_STEPS,
                  help='training steps of the demo models whose schedules are '
@@ -152,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     machine += f'; {jax.devices()[0].device_kind}'
   meta = {'machine': machine,
           'jax': jax.__version__, 'backend': jax.default_backend(),
-          'dtype': args.dtype,
+          'dtype': args.dtype, 'weights': args.weights,
           'bandwidth_gb_s': bandwidth / 1e9, 'copy_gb_s': copy / 1e9,
           'kernel': (build.isa() if on_cpu else None) or 'off (XLA dot)',
           'encoder_layers': args.encoder_layers,

@@ -125,15 +125,24 @@ class BatchRun:
     return out, (middle - start, time.perf_counter() - middle)
 
 
-def layer_and_classifier_bytes(config) -> Dict[str, float]:
+def layer_and_classifier_bytes(config, weights: str = 'as_given'
+                               ) -> Dict[str, float]:
   """Bytes of one unique decoder layer's weights read per step (with an
   encoder, its cross-attention query and output too), of the classifier,
-  and of one virtual layer's key + value at one position."""
+  and of one virtual layer's key + value at one position. int8 `weights`
+  are one byte each plus a float32 scale per output channel."""
   e, f, h = config.emb_dim, config.mlp_dim, config.num_heads * config.head_dim
   size = jnp.dtype(config.dtype).itemsize
-  attention = (6 if config.is_encoder_decoder else 4) * e * h
-  layer = size * (attention + (len(config.mlp_activations) + 1) * e * f)
-  return {'layer': layer, 'classifier': size * config.vocab_size * e,
+  acts = len(config.mlp_activations)
+  matrices = (6 if config.is_encoder_decoder else 4) * e * h + (
+      acts + 1) * e * f
+  channels = 3 * h + e + (h + e if config.is_encoder_decoder else 0) + (
+      acts * f + e)
+  if weights == 'int8':
+    return {'layer': matrices + 4 * channels,
+            'classifier': config.vocab_size * (e + 4),
+            'kv_per_position': size * 2 * h}
+  return {'layer': size * matrices, 'classifier': size * config.vocab_size * e,
           'kv_per_position': size * 2 * h}
 
 
@@ -287,7 +296,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
     key = (cfg.num_unique_layers, cfg.num_repeats)
     if key not in models:
       log(f'initialising the {key[0]}x{key[1]} model')
-      models[key] = replay.init_model(cfg)
+      models[key] = replay.init_model(cfg, weights=args.weights)
     module, params = models[key]
     if method.endswith(XLA_SUFFIX):
       module = replay.with_xla_matmuls(module)
@@ -302,7 +311,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   times, outputs, probes = _time_methods(runs, args.repeats, log,
                                          progress.advance)
   bandwidth = float(np.median(probes))
-  sizes = layer_and_classifier_bytes(configs['greedy'])
+  sizes = layer_and_classifier_bytes(configs['greedy'], args.weights)
   # Positions each row attends to per virtual layer: BOS, prompt and targets
   # (decoder-only), or BOS and targets plus the encoded prompt.
   cache_length = (recs[0]['prompts'].shape[1] + 1 +
@@ -321,7 +330,7 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   label = f'enc{args.encoder_layers}+{g}x{r}' if args.encoder_layers else (
       f'{g}x{r}')
   return {'config': label, 'batch': batch, 'length': length,
-          'dtype': args.dtype,
+          'dtype': args.dtype, 'weights': args.weights,
           'bandwidth_probes_gb_s': [p / 1e9 for p in probes],
           'replay': {'source': 'replayed exits of a demo model with '
                                f'{demo_settings.num_unique_layers}x{r} '

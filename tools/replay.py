@@ -29,6 +29,7 @@ from t5x_speed import decoding
 from t5x_speed import encoder_decoder
 from t5x_speed import inference
 from t5x_speed import network
+from t5x_speed import quantize
 from t5x_speed import sampling
 from t5x_speed import steps
 from t5x_speed import testing
@@ -57,16 +58,20 @@ def demo_schedule_source(repeats: int, demo_out: str,
   return network.SpeedTransformer(settings.config()), params
 
 
-def init_model(config: network.TransformerConfig, seed: int = 0
+def init_model(config: network.TransformerConfig, seed: int = 0,
+               weights: str = 'as_given'
                ) -> Tuple[network.SpeedTransformer, Any]:
   """The module and random parameters (`testing.random_params`), stored in
   the activation dtype (bf16 weights are cast once here, as for serving, not
-  in every step)."""
+  in every step), or with `weights` 'int8' quantized once
+  (`quantize.quantize_int8`)."""
+  quantize.check_decode_weights(weights, 'weights')
   module = (encoder_decoder.SpeedEncoderDecoder(config)
             if config.is_encoder_decoder else network.SpeedTransformer(config))
-  params = jax.tree.map(lambda x: x.astype(config.dtype),
-                        testing.random_params(module, seed))
-  return module, params
+  params = testing.random_params(module, seed)
+  if weights == 'int8':
+    return module, quantize.quantize_int8(params)
+  return module, jax.tree.map(lambda x: x.astype(config.dtype), params)
 
 
 def with_xla_matmuls(module):

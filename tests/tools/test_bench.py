@@ -257,6 +257,30 @@ class BenchRunTest(absltest.TestCase):
                      first['methods']['speed']['steps_per_token'])
     with open(os.path.join(out, 'bench.md')) as f:
       self.assertNotIn('Targets', f.read())
+    # int8 weights replay the same schedules: the same steps and tokens,
+    # and about a quarter of float32's bytes per step.
+    out = tempfile.mkdtemp()
+    with mock.patch.object(bench_measure, 'base_config', tiny):
+      self.assertEqual(bench.main(
+          ['--quick', '--repeats', '1', '--quiet', '--records', records,
+           '--weights', 'int8', '--out', out]), 0)
+    with open(os.path.join(out, 'bench.json')) as f:
+      data = json.load(f)
+    self.assertEqual(data['meta']['weights'], 'int8')
+    (int8,) = data['results']
+    for method in ('greedy', 'speed'):
+      row = int8['methods'][method]
+      self.assertTrue(row['replay_consistent'])
+      self.assertEqual(row['loop_steps'],
+                       first['methods'][method]['loop_steps'])
+    with open(os.path.join(out, 'bench.md')) as f:
+      self.assertIn('float32 activations, int8 weights', f.read())
+    base = bench_measure.base_config(4, 3, 'float32')
+    f32 = bench_measure.layer_and_classifier_bytes(base)
+    q8 = bench_measure.layer_and_classifier_bytes(base, 'int8')
+    self.assertAlmostEqual(q8['layer'] / f32['layer'], 0.25, delta=0.002)
+    self.assertAlmostEqual(q8['classifier'] / f32['classifier'], 0.25,
+                           delta=0.002)
 
   def test_imports_without_seqio_or_tensorflow(self):
     # Replaying saved records is how the bench runs where seqio and
