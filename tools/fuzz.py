@@ -2,6 +2,7 @@ r"""Exactness fuzz: SPEED == greedy == an uncached forward, on random models.
 
   python -m tools.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
                        [--family decoder_only|encoder_decoder]
+                       [--weights as_given|int8]
   # A long run in shards (machines or sessions), then their total:
   python -m tools.fuzz --cases 10000 --shard 0/4 --json s0.json ...
   python -m tools.fuzz --merge s0.json s1.json s2.json s3.json
@@ -10,7 +11,8 @@ Cases come in groups that share one architecture and one set of shapes, so
 that each group compiles its functions once; each case draws fresh weights
 (four variants, from exits that disagree everywhere to exits that agree
 everywhere), ragged prompts, and per-row decode limits and EOS ids
-(`tools.fuzz_cases`). Per case the run compares greedy with EOS against
+(`tools.fuzz_cases`), quantized to int8 with --weights int8. Per case the
+run compares greedy with EOS against
 greedy without it, SPEED against greedy (tokens; in float32 also scores and
 statistics), and greedy against the model's uncached forward pass
 (`tools.fuzz_check`).
@@ -50,6 +52,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from t5x_speed import quantize
 from tools import common
 from tools import fuzz_cases
 from tools import fuzz_check
@@ -78,16 +81,19 @@ def run(cases: int, seed: int = 0, dtype: str = 'float32',
         cases_per_group: int = 25, log: Optional[Callable[[str], None]] = None,
         shard: int = 0, num_shards: int = 1, excess_precision: bool = False,
         progress: Optional[common.Progress] = None,
-        family: str = 'decoder_only') -> fuzz_check.Report:
+        family: str = 'decoder_only',
+        weights: str = 'as_given') -> fuzz_check.Report:
   """Runs `cases` fuzz cases (or one shard's groups); returns the `Report`.
 
   `excess_precision`: compile with XLA's default precision (see above).
+  `weights`: 'int8' decodes each case's weights quantized to int8.
   `log` gets a line per finished group; `progress` a line per group started
   and finished, and one unit per case.
   """
   if dtype not in fuzz_check.NEAR_TIE:
     raise ValueError(f'dtype must be one of {sorted(fuzz_check.NEAR_TIE)}, '
                      f'got {dtype!r}.')
+  quantize.check_decode_weights(weights, 'weights')
   if cases < 1 or cases_per_group < 1:
     raise ValueError('cases and cases_per_group must be >= 1, got '
                      f'{cases} and {cases_per_group}.')
@@ -113,7 +119,7 @@ def run(cases: int, seed: int = 0, dtype: str = 'float32',
     for first in range(0, count, chunk):
       in_call = min(chunk, count - first)
       fuzz_cases.run_cases(compiled, rng, report, in_call,
-                           f'seed {seed} group {index} case {first}')
+                           f'seed {seed} group {index} case {first}', weights)
       progress.advance(in_call)
     line = (f'group {index} done; so far {report.cases} cases, near-ties '
             f'{report.near_ties}, real bugs {report.real_bugs}, SPEED != '
@@ -186,6 +192,10 @@ def parser() -> argparse.ArgumentParser:
                  choices=fuzz_cases.FAMILIES,
                  help='random decoder-only models, or encoder-decoder models '
                  '(random encoders, encoder lengths and padded inputs)')
+  p.add_argument('--weights', default='as_given',
+                 choices=quantize.DECODE_WEIGHTS,
+                 help='int8: every case decodes its weights quantized to int8 '
+                 '(t5x_speed.quantize)')
   p.add_argument('--cases-per-group', type=int, default=25,
                  help='cases sharing one architecture (one compile)')
   p.add_argument('--shard', type=_shard, default='0/1', metavar='K/N',
@@ -220,10 +230,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  shard=shard, num_shards=num_shards,
                  excess_precision=args.xla_excess_precision,
                  progress=common.Progress('fuzz', 0, quiet=args.quiet),
-                 family=args.family)
+                 family=args.family, weights=args.weights)
     if args.json:
       save(args.json, report, seed=args.seed, cases=args.cases,
-           dtype=args.dtype, family=args.family,
+           dtype=args.dtype, family=args.family, weights=args.weights,
            cases_per_group=args.cases_per_group,
            shard=shard, num_shards=num_shards,
            xla_excess_precision=args.xla_excess_precision)

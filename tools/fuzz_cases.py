@@ -37,6 +37,7 @@ from t5x_speed import network
 from t5x_speed.cpu import build
 from t5x_speed.cpu import matmul
 from t5x_speed import steps
+from t5x_speed import quantize
 from t5x_speed.testing import RESIDUAL_OUTPUTS
 from tools import fuzz_check
 
@@ -216,8 +217,11 @@ def _map_cases(fn, jit, one_at_a_time: bool):
 
 
 def run_cases(compiled: Compiled, rng: np.random.RandomState,
-              report: fuzz_check.Report, count: int, first: str):
-  """Draws and checks `count` cases of one group, adding to `report`."""
+              report: fuzz_check.Report, count: int, first: str,
+              weights: str = 'as_given'):
+  """Draws and checks `count` cases of one group, adding to `report`;
+  `weights` 'int8' quantizes each case's weights (`quantize.quantize_int8`,
+  per case and output channel) before any of them runs."""
   group = compiled.group
   batch, length, vocab = group.batch, group.length, group.vocab
   names, gains, probs = zip(*VARIANTS)
@@ -225,6 +229,8 @@ def run_cases(compiled: Compiled, rng: np.random.RandomState,
   params = draw_params(compiled.shapes,
                        np.random.default_rng(rng.randint(2**31)),
                        np.array(gains, np.float32)[variants])
+  if weights == 'int8':
+    params = quantize.quantize_int8(params)
   # Prompt lengths in [0, length - 1], the ends drawn often.
   kind = rng.choice(3, size=(count, batch), p=(0.15, 0.15, 0.7))
   lengths = np.where(kind == 0, 0, np.where(

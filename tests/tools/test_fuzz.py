@@ -5,8 +5,9 @@ seed, must have no real-bug mismatch and no near-tie either (float32 near-ties
 are rare enough that one would deserve a look); 40 bfloat16 cases must have
 SPEED == greedy in every row. Encoder-decoder models get the same: 100
 float32 cases in 2 groups (random encoders, encoder lengths and padding) and
-20 bfloat16 cases on the kernel path. The runner itself must catch a broken
-SPEED and tell a near-tie from a real bug.
+20 bfloat16 cases on the kernel path. 25 float32 cases of int8-quantized
+decoder-only models likewise. The runner itself must catch a broken SPEED
+and tell a near-tie from a real bug.
 """
 
 import dataclasses
@@ -77,6 +78,16 @@ class FuzzSliceTest(absltest.TestCase):
       self.assertGreater(report.tokens_compared, 800)
     self.assertEqual(counts[False], 0)
     self.assertGreater(counts[True], 0)
+
+  def test_int8_slice(self):
+    report = fuzz.run(cases=25, seed=2, cases_per_group=25, dtype='float32',
+                      weights='int8', log=print)
+    print(report.summary())
+    self.assertEqual((report.cases, report.groups), (25, 1))
+    self.assertEqual(report.real_bugs, 0, report.bugs[:10])
+    self.assertEqual(report.near_ties, 0, report.ties[:10])
+    self.assertEqual(report.exact_rows, report.rows)
+    self.assertGreater(report.flushes, 0)
 
   def test_encoder_decoder_slice(self):
     report = fuzz.run(**ENCDEC_SLICE, log=print)
