@@ -81,7 +81,9 @@ from t5x_speed.cpu import build
 from tools import bench_measure
 from tools import bench_report
 from tools import common
+from tools import ctranslate2_engine
 from tools import demo_model
+from tools import replay
 
 
 def parser() -> argparse.ArgumentParser:
@@ -135,6 +137,12 @@ def parser() -> argparse.ArgumentParser:
                  'there are replayed from it (no demo model, seqio or '
                  'TensorFlow needed, e.g. on a GPU machine), the others are '
                  'recorded and added to it.')
+  p.add_argument('--ctranslate2', action='store_true',
+                 help='also time CTranslate2\'s greedy (f32 and int8) on the '
+                 'unshared equivalents of each --configs model built from '
+                 'the same float weights: its G*R virtual layers unrolled and '
+                 'its first G layers (tools/ctranslate2_engine.py); needs the '
+                 'ctranslate2 extra, else says so and goes on.')
   p.add_argument('--quick', action='store_true',
                  help='4x3, batch 1, short only, greedy vs SPEED (overrides '
                  '--configs, --batch_sizes and --lengths; no G-layer, '
@@ -181,10 +189,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    progress, sources)
     results.append(res)
     print(bench_report.row_group_line(res), flush=True)
-  table = bench_report.markdown(results, meta)
+  ctranslate2 = []
+  if args.ctranslate2:
+    meta['ctranslate2'] = ctranslate2_engine.available()
+    if meta['ctranslate2'] is None:
+      print('CTranslate2 is not installed (pip install -e ".[ctranslate2]"); '
+            'its rows are left out.', flush=True)
+    elif args.encoder_layers:
+      print('CTranslate2 rows are for decoder-only models; left out.',
+            flush=True)
+    else:
+      float_models = {f'{g}x{r}': replay.init_model(
+          bench_measure.base_config(g, r, 'float32'))
+                      for g, r in dict.fromkeys((g, r) for g, r, _, _ in
+                                                groups)}
+      ctranslate2 = ctranslate2_engine.bench_rows(
+          float_models, os.path.join(args.out, 'ctranslate2_models'),
+          prompt_length=demo_model.LENGTHS['inputs'],
+          repeats=args.repeats, log=progress.log)
+  table = bench_report.markdown(results, meta, ctranslate2)
   print('\n' + table)
   with open(os.path.join(args.out, 'bench.json'), 'w') as f:
-    json.dump({'meta': meta, 'results': results}, f, indent=1)
+    json.dump({'meta': meta, 'results': results,
+               'ctranslate2': ctranslate2}, f, indent=1)
   with open(os.path.join(args.out, 'bench.md'), 'w') as f:
     f.write(table + '\n')
   print(f'\nWrote {args.out}/bench.json and {args.out}/bench.md.')

@@ -21,7 +21,8 @@ def _probes(gb_s: Optional[List[float]]) -> str:
           f'({min(gb_s):.1f}-{max(gb_s):.1f})')
 
 
-def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
+             ctranslate2: Optional[List[Dict[str, Any]]] = None) -> str:
   """bench.md: the machine, then one table row per method and row group,
   then each row group's replayed schedule."""
   lines = [f'Machine: {meta["machine"]}; JAX {meta["jax"]} on '
@@ -80,7 +81,34 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any]) -> str:
                  f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
                  f'{res["replay"]["flushes"]:.0f} flushes; {flips}{learned}' +
                  _probes(res.get('bandwidth_probes_gb_s')))
+  if ctranslate2:
+    lines += ['', *ctranslate2_lines(results, meta, ctranslate2)]
   return '\n'.join(lines)
+
+
+def ctranslate2_lines(results: List[Dict[str, Any]], meta: Dict[str, Any],
+                      rows: List[Dict[str, Any]]) -> List[str]:
+  """CTranslate2's greedy beside this run's batch-1 decoding, ms/token."""
+  lines = [f'CTranslate2 {meta.get("ctranslate2")} in this run, the same '
+           'float weights (its G*R-layer model computes greedy on the GxR '
+           'model; its G-layer model has the unshared G-layer shape): greedy '
+           f'at batch 1 after a {demo_model.LENGTHS["inputs"]}-token prompt, '
+           'decode ms/token over 128 tokens, best of --repeats, one fresh '
+           'process per model. Ours: decode ms/token of the batch-1 short '
+           'row group above (replayed schedules).', '',
+           '| config | engine | model | weights | decode ms/token |',
+           '|---|---|---|---|---|']
+  for row in rows:
+    lines.append(f'| {row["config"]} | CTranslate2 | {row["model"]} | '
+                 f'{row["compute_type"]} | {row["ms_per_token"]:.2f} |')
+  weights = 'int8' if meta.get('weights') == 'int8' else meta.get('dtype')
+  for res in results:
+    if res['batch'] != 1 or res['length'] != 'short':
+      continue
+    for method, row in res['methods'].items():
+      lines.append(f'| {res["config"]} | t5x_speed | {method} | {weights} | '
+                   f'{row["decode_ms_per_token_per_sequence"]:.2f} |')
+  return lines
 
 
 def row_group_line(res: Dict[str, Any]) -> str:

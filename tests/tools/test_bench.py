@@ -69,7 +69,7 @@ class FlagsTest(absltest.TestCase):
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 14)
+    self.assertLen(flags, 16)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
@@ -88,7 +88,7 @@ class FlagsTest(absltest.TestCase):
                  '--speculative_vocab', '--out', '--demo_out', '--quick',
                  '--quiet'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 14)
+    self.assertEqual(text.count('(default: '), 16)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 
@@ -258,12 +258,13 @@ class BenchRunTest(absltest.TestCase):
     with open(os.path.join(out, 'bench.md')) as f:
       self.assertNotIn('Targets', f.read())
     # int8 weights replay the same schedules: the same steps and tokens,
-    # and about a quarter of float32's bytes per step.
+    # and about a quarter of float32's bytes per step; CTranslate2 times the
+    # unshared equivalents beside them, f32 and int8.
     out = tempfile.mkdtemp()
     with mock.patch.object(bench_measure, 'base_config', tiny):
       self.assertEqual(bench.main(
           ['--quick', '--repeats', '1', '--quiet', '--records', records,
-           '--weights', 'int8', '--out', out]), 0)
+           '--weights', 'int8', '--ctranslate2', '--out', out]), 0)
     with open(os.path.join(out, 'bench.json')) as f:
       data = json.load(f)
     self.assertEqual(data['meta']['weights'], 'int8')
@@ -273,8 +274,17 @@ class BenchRunTest(absltest.TestCase):
       self.assertTrue(row['replay_consistent'])
       self.assertEqual(row['loop_steps'],
                        first['methods'][method]['loop_steps'])
+    self.assertEqual(
+        [(r['model'], r['compute_type']) for r in data['ctranslate2']],
+        [('12 layers (4x3 unrolled)', 'float32'),
+         ('12 layers (4x3 unrolled)', 'int8'), ('4 layers', 'float32'),
+         ('4 layers', 'int8')])
+    self.assertTrue(all(r['ms_per_token'] > 0 for r in data['ctranslate2']))
     with open(os.path.join(out, 'bench.md')) as f:
-      self.assertIn('float32 activations, int8 weights', f.read())
+      table = f.read()
+    self.assertIn('float32 activations, int8 weights', table)
+    self.assertIn('| 4x3 | CTranslate2 | 4 layers | int8 |', table)
+    self.assertIn('| 4x3 | t5x_speed | speed | int8 |', table)
     base = bench_measure.base_config(4, 3, 'float32')
     f32 = bench_measure.layer_and_classifier_bytes(base)
     q8 = bench_measure.layer_and_classifier_bytes(base, 'int8')
