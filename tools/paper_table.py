@@ -49,6 +49,7 @@ import jax
 import seqio
 
 from t5x_speed import network
+from t5x_speed import quantize
 from tools import common
 from tools import demo_model
 from tools import paper_table_data
@@ -284,7 +285,8 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
 def measure(module, params, record: Dict[str, Any], settings: TableSettings,
             data: Dict[str, Any], vocab) -> Dict[str, Any]:
   """What the table reports of one trained model: test quality and SPEED's
-  statistics, teacher-forced exits, the learning curve from the run's
+  statistics, teacher-forced exits, the same with int8 weights, the
+  learning curve from the run's
   checkpoints (on validation prompts), the Base-width replay, and the same
   on the long split where there is one."""
   shared = module.config.num_repeats > 1
@@ -298,6 +300,13 @@ def measure(module, params, record: Dict[str, Any], settings: TableSettings,
                                         settings.targets_length)
   row['consistency'] = paper_table_eval.teacher_forced(
       module, params, 'test', settings.consistency_examples, settings.lengths)
+  # The same model with int8 weights (`quantize.quantize_int8`): what the
+  # quantization costs in quality, and SPEED == greedy on it.
+  int8 = quantize.quantize_int8(params)
+  row['int8'] = paper_table_eval.decode_quality(
+      module, int8, *data['test'], vocab, settings.targets_length)
+  row['int8']['consistency'] = paper_table_eval.teacher_forced(
+      module, int8, 'test', settings.consistency_examples, settings.lengths)
   row['curve'] = paper_table_eval.curve(
       module, record['run_dir'], [p['step'] for p in record['validation']],
       *data['validation'], vocab, settings.targets_length)

@@ -122,7 +122,7 @@ def markdown(results: Dict[str, Any]) -> str:
     lines[-1:-1] = [f'ed* models are encoder-decoders: an encoder of '
                     f'{results.get("encoder_layers")} layers and the decoder '
                     'named (the prompt is the encoder\'s input).']
-  lines += _long_lines(results) + _curve_lines(results)
+  lines += _long_lines(results) + _int8_lines(results) + _curve_lines(results)
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):
     lines += ['### Exits trained to agree', '',
@@ -173,6 +173,32 @@ def _long_lines(results) -> List[str]:
   lines += ['', f'The replay decodes the first {s["long_replay_prompts"]} '
             'long prompts at batch 1 (short: the test prompts above). No '
             'model was trained on pairs this long.', '']
+  return lines
+
+
+def _int8_lines(results) -> List[str]:
+  rows = [row for row in _main_rows(results) if 'int8' in row]
+  if not rows:
+    return []
+  lines = ['### int8 weights', '',
+           '| model | BLEU, f32 -> int8 | chrF, f32 -> int8 | final-exit loss, '
+           'f32 -> int8 | exit accuracy %, int8 | flip rate % (stages 2..R), '
+           'int8 | SPEED steps / token, f32 -> int8 |', '|' + ' --- |' * 7]
+  for row in rows:
+    q, c, qc = row['int8'], row['consistency'], row['int8']['consistency']
+    sp, qsp = row.get('speed'), q.get('speed')
+    cells = [row['config'], f'{row["bleu"]:.1f} -> {q["bleu"]:.1f}',
+             f'{row["chrf"]:.1f} -> {q["chrf"]:.1f}',
+             f'{c["loss"][-1]:.3f} -> {qc["loss"][-1]:.3f}',
+             _pct(qc['accuracy']), _pct(qc['flip_rate'][1:]) or '-',
+             f'{sp["steps_per_token"]:.2f} -> {qsp["steps_per_token"]:.2f}'
+             if sp else '-']
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  lines += ['', 'The trained float32 weights quantized once to int8 with a '
+            'float32 scale per output channel (`t5x_speed.quantize`), '
+            'activations float32; test split, teacher-forced columns on the '
+            'same examples as above. SPEED\'s tokens equal greedy\'s on '
+            'every int8 model too (checked).', '']
   return lines
 
 

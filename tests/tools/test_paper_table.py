@@ -163,7 +163,11 @@ class PaperTableTest(absltest.TestCase):
       self.assertTrue(all(0 <= p['bleu'] <= 100 for p in row['curve']))
       # The long split, decoded to its own length.
       self.assertBetween(row['long']['bleu'], 0.0, 100.0)
+      # The same model with int8 weights: its quality beside the float's.
+      self.assertBetween(row['int8']['bleu'], 0.0, 100.0)
+      self.assertLen(row['int8']['consistency']['loss'], r)
       if r > 1:
+        self.assertTrue(row['int8']['speed']['identical_to_greedy'])
         self.assertTrue(row['speed']['identical_to_greedy'])
         self.assertTrue(row['replay']['identical'])
         self.assertTrue(row['long']['replay']['identical'])
@@ -209,6 +213,7 @@ class PaperTableTest(absltest.TestCase):
     self.assertGreaterEqual(results['latency_load_average'], 0.0)
     self.assertIn('| 2x3 | agreement λ=1 | 1 |', text)
     self.assertIn('### Long outputs: the long split (8 pairs', text)
+    self.assertIn('### int8 weights', text)
     self.assertIn('| 2x3 | 3 | ', text)       # its curve's last point
     for run_dir in run_dirs:
       self.assertTrue(os.path.exists(os.path.join(out, 'runs', run_dir,
