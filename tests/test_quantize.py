@@ -7,6 +7,8 @@ product of x and the dequantized weights (q * scale), since the kernel
 widens q exactly and scales each finished float32 sum once.
 """
 
+import doctest
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -27,6 +29,12 @@ needs_kernel = absltest.skipUnless(build.available(),
 
 
 class QuantizeTest(absltest.TestCase):
+
+  def test_docstring_examples(self):
+    for module in (quantize, matmul):
+      result = doctest.testmod(module)
+      self.assertGreater(result.attempted, 0, module.__name__)
+      self.assertEqual(result.failed, 0, module.__name__)
 
   def test_channels_round_trip_and_what_stays_float(self):
     module, params = random_model(2, 3, 'cycle', 1, 40)
