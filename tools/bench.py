@@ -24,8 +24,10 @@ medians):
                 sequentially as users get them
   greedy_g      greedy on the unshared G-layer model (one repetition)
   greedy_12l    greedy on the unshared 12-layer model
+  greedy_float  with --weights int8: greedy on the same model's float weights
   t5x_sample    T5X's decoding.temperature_sample (topk=1), when T5X exists
-  *_xla         with --xla_baseline: greedy, speed, greedy_g and greedy_12l
+  *_xla         with --xla_baseline: greedy, speed, greedy_g, greedy_12l and
+                greedy_float
                 with decode_matmul='xla' (XLA's dot, not the few-row kernel)
 
 "decode vs best greedy" divides by the faster of greedy and greedy_xla.

@@ -26,8 +26,11 @@ LENGTHS = {'short': (1, 1), 'long': (2, 2)}  # numbers per prompt
 PROMPTS = 16  # the same prompts at every batch size
 XLA_SUFFIX = '_xla'
 PIPELINE_SUFFIX = '_pipeline'
+# With --weights int8: greedy on the same model's float weights (in --dtype).
+FLOAT_SUFFIX = '_float'
 # Methods that --xla_baseline times a second time with XLA's dot.
-XLA_BASELINES = ('greedy', 'speed', 'greedy_g', 'greedy_12l')
+XLA_BASELINES = ('greedy', 'speed', 'greedy_g', 'greedy_12l',
+                 'greedy' + FLOAT_SUFFIX)
 
 
 def memory_bandwidth() -> float:
@@ -67,6 +70,8 @@ def method_configs(g: int, r: int, args,
                            encoder_layers=args.encoder_layers)
   shared = base(g, r)
   configs = {'greedy': shared, 'speed': shared}
+  if args.weights == 'int8':
+    configs['greedy' + FLOAT_SUFFIX] = shared
   limit = dispatch.max_speculative_rows('auto')
   falls_back = limit is not None and batch * r > limit
   if falls_back:
@@ -95,8 +100,15 @@ def replayed_method(method: str) -> str:
   """The decode method a bench method replays ('speed_xla' -> 'speed',
   'speed_pipeline' -> 'speed', 'greedy_g' -> 'greedy': the unshared models
   decode greedily)."""
-  method = method.removesuffix(XLA_SUFFIX).removesuffix(PIPELINE_SUFFIX)
+  method = method.removesuffix(XLA_SUFFIX).removesuffix(
+      FLOAT_SUFFIX).removesuffix(PIPELINE_SUFFIX)
   return 'greedy' if method in ('greedy_g', 'greedy_12l') else method
+
+
+def weights_of(method: str, args) -> str:
+  """The weights a bench method decodes: --weights, but float for the
+  *_float baselines."""
+  return 'as_given' if FLOAT_SUFFIX in method else args.weights
 
 
 def max_speculative_rows(method: str):
@@ -235,8 +247,13 @@ def _add_ratios(rows: Dict[str, Dict[str, Any]]):
   """Each row against greedy and the G-layer model of its matmul path, and
   decoding against the best greedy (`best_row`)."""
   best = best_row(rows, 'greedy')['decode_tokens_per_second']
+  best_float = best_row(rows, 'greedy' + FLOAT_SUFFIX)
   for method, row in rows.items():
     row['decode_vs_best_greedy'] = row['decode_tokens_per_second'] / best
+    if best_float is not None:
+      row['decode_vs_best_float_greedy'] = (
+          row['decode_tokens_per_second'] /
+          best_float['decode_tokens_per_second'])
     # *_xla rows against the *_xla baselines.
     suffix = XLA_SUFFIX if method.endswith(XLA_SUFFIX) else ''
     greedy = rows['greedy' + suffix]
@@ -293,10 +310,11 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   configs = method_configs(g, r, args, batch)
   runs = {}
   for method, cfg in configs.items():
-    key = (cfg.num_unique_layers, cfg.num_repeats)
+    weights = weights_of(method, args)
+    key = (cfg.num_unique_layers, cfg.num_repeats, weights)
     if key not in models:
-      log(f'initialising the {key[0]}x{key[1]} model')
-      models[key] = replay.init_model(cfg, weights=args.weights)
+      log(f'initialising the {key[0]}x{key[1]} model ({weights} weights)')
+      models[key] = replay.init_model(cfg, weights=weights)
     module, params = models[key]
     if method.endswith(XLA_SUFFIX):
       module = replay.with_xla_matmuls(module)
@@ -311,13 +329,15 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   times, outputs, probes = _time_methods(runs, args.repeats, log,
                                          progress.advance)
   bandwidth = float(np.median(probes))
-  sizes = layer_and_classifier_bytes(configs['greedy'], args.weights)
+  sizes = {w: layer_and_classifier_bytes(configs['greedy'], w)
+           for w in ('as_given', args.weights)}
   # Positions each row attends to per virtual layer: BOS, prompt and targets
   # (decoder-only), or BOS and targets plus the encoded prompt.
   cache_length = (recs[0]['prompts'].shape[1] + 1 +
                   demo_model.LENGTHS['targets'])
   rows = {method: _method_row(method, configs[method], results, times[method],
-                              recs, outputs['greedy'], sizes, args, batch,
+                              recs, outputs['greedy'],
+                              sizes[weights_of(method, args)], args, batch,
                               cache_length, bandwidth)
           for method, results in outputs.items()}
   _add_ratios(rows)

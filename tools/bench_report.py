@@ -68,6 +68,17 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
           f'{row["bandwidth_bound_fraction"]:.0%} | '
           f'{row["replay_consistent"]} |')
   lines.append('')
+  floats = [(res, method, row['decode_vs_best_float_greedy'])
+            for res in results for method, row in res['methods'].items()
+            if 'decode_vs_best_float_greedy' in row and
+            not method.startswith('greedy_float')]
+  if floats:
+    lines.append('Against the same model\'s float weights (decoding alone, '
+                 'vs the faster of greedy_float and greedy_float_xla): ' +
+                 '; '.join(f'{res["config"]} batch {res["batch"]} '
+                           f'{res["length"]} {method} {ratio(value)}'
+                           for res, method, value in floats) + '.')
+    lines.append('')
   lines.append('Replayed schedules (flip rate = share of tokens whose '
                'prediction changes at that stage):')
   for res in results:

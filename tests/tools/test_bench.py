@@ -269,11 +269,14 @@ class BenchRunTest(absltest.TestCase):
       data = json.load(f)
     self.assertEqual(data['meta']['weights'], 'int8')
     (int8,) = data['results']
-    for method in ('greedy', 'speed'):
+    self.assertGreater(
+        int8['methods']['speed']['decode_vs_best_float_greedy'], 0.0)
+    for method in ('greedy', 'speed', 'greedy_float'):
       row = int8['methods'][method]
       self.assertTrue(row['replay_consistent'])
       self.assertEqual(row['loop_steps'],
-                       first['methods'][method]['loop_steps'])
+                       first['methods'][method.removesuffix('_float')][
+                           'loop_steps'])
     self.assertEqual(
         [(r['model'], r['compute_type']) for r in data['ctranslate2']],
         [('12 layers (4x3 unrolled)', 'float32'),
@@ -283,6 +286,7 @@ class BenchRunTest(absltest.TestCase):
     with open(os.path.join(out, 'bench.md')) as f:
       table = f.read()
     self.assertIn('float32 activations, int8 weights', table)
+    self.assertIn('4x3 batch 1 short speed ', table)
     self.assertIn('| 4x3 | CTranslate2 | 4 layers | int8 |', table)
     self.assertIn('| 4x3 | t5x_speed | speed | int8 |', table)
     base = bench_measure.base_config(4, 3, 'float32')
