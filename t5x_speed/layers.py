@@ -243,11 +243,9 @@ class Embed(nn.Module):
     """
     w_scale = _int8_scale(self, self.embedding, 'embedding_scale')
     if w_scale is not None:
-      if numerics is not None and numerics.kernel:
-        rows = cpu.matmul.gather_rows(self.embedding, tokens)
-      else:
-        rows = self.embedding[tokens]
-      rows = rows.astype(jnp.float32) * w_scale[tokens][..., None]
+      rows = cpu.matmul.gather_rows(
+          self.embedding, tokens, row_scale=w_scale,
+          force_xla=numerics is None or not numerics.kernel)
       return jnp.asarray(rows, self.dtype)
     if numerics is not None and numerics.kernel:
       rows = cpu.matmul.gather_rows(self.embedding, tokens)

@@ -135,6 +135,24 @@ class Int8KernelTest(parameterized.TestCase):
     ref = np.asarray(x) @ (table[:20] * rows[:20, None]).T * 0.5
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
+  def test_gather_rows_scales_int8_rows(self):
+    rng = np.random.RandomState(2)
+    table = rng.randint(-127, 128, (50, 24)).astype(np.int8)
+    scale = rng.uniform(0.01, 0.02, 50).astype(np.float32)
+    ids = jnp.asarray([[3, 49], [0, 7]])
+    want = table[np.asarray(ids)].astype(np.float32) * scale[np.asarray(
+        ids)][..., None]
+    for force_xla in (False, True):
+      got = matmul.gather_rows(table, ids, row_scale=scale,
+                               force_xla=force_xla)
+      self.assertEqual(got.dtype, jnp.float32)
+      np.testing.assert_array_equal(got, want)
+    batched = jax.vmap(lambda t, s: matmul.gather_rows(t, ids, row_scale=s))(
+        jnp.stack([table, -table]), jnp.stack([scale, scale]))
+    np.testing.assert_array_equal(batched[1], -want)
+    with self.assertRaisesRegex(ValueError, 'need row_scale'):
+      matmul.gather_rows(table, ids)
+
   def test_bad_scales_raise(self):
     x, w = jnp.ones((2, 8)), jnp.ones((8, 4), jnp.int8)
     with self.assertRaisesRegex(ValueError, r'need w_scale: float32 \(4,\)'):
@@ -145,6 +163,10 @@ class Int8KernelTest(parameterized.TestCase):
       matmul.matmul(x, jnp.ones((8, 4)), w_scale=jnp.ones((4,)))
     with self.assertRaisesRegex(ValueError, 'one w_scales entry per weight'):
       matmul.matmuls(x, [w, w], w_scales=[jnp.ones((4,))])
+
+
+def _bits(x):
+  return np.asarray(x, np.float32).view(np.uint32)
 
 
 def _encoder_decoder(seed):
@@ -175,6 +197,9 @@ class Int8SpeedEqualsGreedyTest(parameterized.TestCase):
           **settings)
       speed, sequential = run(method), run(reference)
       np.testing.assert_array_equal(speed.tokens, sequential.tokens)
+      # The final exit's logits are the same bits: so are the scores.
+      np.testing.assert_array_equal(_bits(speed.scores),
+                                    _bits(sequential.scores))
       self.assertTrue(np.all(speed.stats.pipelined))
     module, params = _encoder_decoder(3)
     q = quantize.quantize_int8(params)
@@ -184,6 +209,8 @@ class Int8SpeedEqualsGreedyTest(parameterized.TestCase):
         method=m, eos_id=-1, **settings)
     speed, sequential = run(method), run(reference)
     np.testing.assert_array_equal(speed.tokens, sequential.tokens)
+    np.testing.assert_array_equal(_bits(speed.scores),
+                                  _bits(sequential.scores))
     self.assertTrue(np.all(speed.stats.pipelined))
 
   def test_int8_model_is_its_dequantized_model(self):

@@ -54,6 +54,7 @@ _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_cached_attention': 'T5xSpeedCachedAttention',
             't5x_speed_attention': 'T5xSpeedAttention',
             't5x_speed_gather_rows': 'T5xSpeedGatherRows',
+            't5x_speed_gather_rows_q8': 'T5xSpeedGatherRowsQ8',
             't5x_speed_sample': 'T5xSpeedSample'}
 _CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
               '-fno-math-errno')

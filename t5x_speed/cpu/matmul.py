@@ -291,30 +291,48 @@ def matmuls(x: Array, ws: Sequence[Array], *,
   return tuple(o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs)
 
 
-def gather_rows(table: Array, ids: Array, *, force_xla: bool = False) -> Array:
-  """table[ids]: the rows of `table` at `ids`, copied as they are.
+def gather_rows(table: Array, ids: Array, *,
+                row_scale: Optional[Array] = None,
+                force_xla: bool = False) -> Array:
+  """table[ids]: the rows of `table` at `ids`, copied as they are; for an
+  int8 table with `row_scale`, each row widened to float32 times its scale.
 
   XLA:CPU gathers bfloat16 through a float32 or uint16 copy of the whole
   table, which a decode step's embedding would pay per step; the kernel
-  copies the rows' bits. Ids out of range are handled as jnp indexing does
-  (negative ones from the end, then clamped).
+  copies the rows' bits. The kernel also scales int8 rows: as XLA ops the
+  multiply could be fused into a consumer's add as an FMA in one program
+  and not in another (greedy's and SPEED's steps), rounding differently.
+  Ids out of range are handled as jnp indexing does (negative ones from the
+  end, then clamped).
 
   Args:
     table: [V, E] of any dtype.
     ids: integer array of any shape.
+    row_scale: for an int8 table only (and then required): float32 [V].
     force_xla: always use XLA's gather.
 
   Returns:
-    ids.shape + (E,), table's dtype. XLA's gather where the kernel is not
-    available.
+    ids.shape + (E,), table's dtype (float32 with `row_scale`). XLA's gather
+    where the kernel is not available.
   """
   table, ids = jnp.asarray(table), jnp.asarray(ids)
   if table.ndim != 2:
     raise ValueError(f'gather_rows needs a 2-D table, got {table.shape}.')
+  row_scale = None if row_scale is None else jnp.asarray(row_scale)
+  check_int8(table, row_scale, table.shape[0], 'row_scale')
   if (force_xla or ids.size == 0 or table.shape[0] == 0 or
       not jnp.issubdtype(ids.dtype, jnp.integer) or not build.available()):
-    return table[ids]
-  rows = _gather(table, ids.reshape(-1).astype(jnp.int32))
+    if row_scale is None:
+      return table[ids]
+    return table[ids].astype(jnp.float32) * row_scale[ids][..., None]
+  flat = ids.reshape(-1).astype(jnp.int32)
+  if row_scale is None:
+    rows = _gather(table, flat)
+  else:
+    rows = jax.ffi.ffi_call(
+        't5x_speed_gather_rows_q8',
+        jax.ShapeDtypeStruct((flat.size, table.shape[1]), jnp.float32),
+        vmap_method='broadcast_all')(table, row_scale, flat)
   return rows.reshape(ids.shape + (table.shape[1],))
 
 
