@@ -99,8 +99,8 @@ def _mlp_residual(layer: nn.Module, x: Array, deterministic: bool,
                   numerics: layers.Numerics = None) -> Array:
   """x + dropout(mlp(norm(x))): the MLP sub-block of a decoder or encoder
   layer (its `pre_mlp_layer_norm`, `mlp` and `post_mlp_dropout`)."""
-  y = layer.mlp(layer.pre_mlp_layer_norm(x), deterministic=deterministic,
-                numerics=numerics)
+  y = layer.mlp(layer.pre_mlp_layer_norm(x, numerics),
+                deterministic=deterministic, numerics=numerics)
   return x + layer.post_mlp_dropout(y, deterministic=deterministic)
 
 
@@ -181,15 +181,16 @@ class DecoderLayer(nn.Module):
     Returns:
       The output [batch, slots, emb] and the updated `keys` and `values`.
     """
-    q, k, v = self.self_attention.qkv(self.pre_self_attention_layer_norm(x),
-                                      numerics)
+    q, k, v = self.self_attention.qkv(
+        self.pre_self_attention_layer_norm(x, numerics), numerics)
     context, keys, values = layers.cached_attention(
         q, keys, values, bias, k, v, positions, stages, numerics)
     x = x + self.self_attention(context, numerics)
     if cross is not None:
       cross_k, cross_v, cross_bias = cross
       attention = self.encoder_decoder_attention
-      q = attention.q(self.pre_cross_attention_layer_norm(x), numerics)
+      q = attention.q(self.pre_cross_attention_layer_norm(x, numerics),
+                      numerics)
       context = layers.attention(q, cross_k, cross_v, cross_bias, numerics)
       x = x + attention(context, numerics)
     return _mlp_residual(self, x, True, numerics), keys, values

@@ -172,19 +172,23 @@ def dense_group(denses: Sequence[Dense], x: Array,
 
 
 class RMSNorm(nn.Module):
-  """T5 layer norm: scale by the root mean square, no centering, no bias."""
+  """T5 layer norm: scale by the root mean square, no centering, no bias.
+
+  Called with a decode step's `numerics` on the kernels, each row is
+  normalised by `cpu.norm.rms_norm` (one fixed order per row); without,
+  by XLA's ops.
+  """
 
   dtype: Any = jnp.float32
   epsilon: float = 1e-6
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    x = jnp.asarray(x, jnp.float32)
-    mean2 = jnp.mean(lax.square(x), axis=-1, keepdims=True)
-    y = jnp.asarray(x * lax.rsqrt(mean2 + self.epsilon), self.dtype)
+  def __call__(self, x: Array, numerics: Numerics = None) -> Array:
     scale = param_with_axes('scale', nn.initializers.ones, (x.shape[-1],),
                             jnp.float32, axes=('embed',))
-    return y * jnp.asarray(scale, self.dtype)
+    return cpu.norm.rms_norm(
+        x, scale, self.epsilon, self.dtype,
+        force_xla=numerics is None or not numerics.kernel)
 
 
 def _activation(name: str) -> Callable[[Array], Array]:

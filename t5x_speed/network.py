@@ -205,7 +205,8 @@ class Decoder(nn.Module):
     With `vocab_limit` only the first `vocab_limit` token ids are scored;
     `numerics`: a decode step's (None: XLA's dot).
     """
-    y = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+    y = self.dropout(self.decoder_norm(x, numerics),
+                     deterministic=deterministic)
     if self.config.logits_via_embedding:
       # T5X's 1/sqrt(emb) of tied logits, as the float32 multiply XLA makes
       # of its division by jnp.sqrt(emb); the kernel applies it as it stores.

@@ -54,8 +54,8 @@ def _equations(jaxpr):
 
 def _ops(fn, *args):
   """(dot_general lhs shapes, kernel calls) of fn's program; a kernel call
-  is (`threads`, weights), (`threads`, 'attention'), (None, 'gather') or
-  (`threads`, 'sample')."""
+  is (`threads`, weights), (`threads`, 'attention'), (None, 'gather'),
+  (None, 'norm') or (`threads`, 'sample')."""
   dots, kernel_calls = [], []
   for eqn in _equations(jax.make_jaxpr(fn)(*args)):
     if eqn.primitive.name == 'dot_general':
@@ -65,6 +65,7 @@ def _ops(fn, *args):
       target = eqn.params['target_name']
       what = ('attention' if 'attention' in target else
               'gather' if 'gather' in target else
+              'norm' if 'norm' in target else
               'sample' if 'sample' in target else len(eqn.invars) - 1)
       threads = attributes.get('threads')
       kernel_calls.append((None if threads is None else int(threads), what))
@@ -290,13 +291,14 @@ class TracedProgramTest(parameterized.TestCase):
       module, params = _model(decode_matmul=setting, kernel_threads=threads)
       (greedy, greedy_ffi), (speed, speed_ffi) = self._steps(module, params,
                                                              kernel=True)
-      # The token's embedding row; per virtual layer: q/k/v as one call,
-      # the cache writes and attention, its output projection, the two MLP
-      # inputs as one, the MLP output; then the classifier. No XLA dot is
-      # left.
-      layer = [(threads, 3), (threads, 'attention'), (threads, 1),
-               (threads, 2), (threads, 1)]
-      gather, classifier = [(None, 'gather')], [(threads, 1)]
+      # The token's embedding row; per virtual layer: its norm, q/k/v as
+      # one call, the cache writes and attention, its output projection,
+      # the MLP's norm, its two inputs as one, its output; then the final
+      # norm and the classifier. No XLA dot is left.
+      norm = (None, 'norm')
+      layer = [norm, (threads, 3), (threads, 'attention'), (threads, 1),
+               norm, (threads, 2), (threads, 1)]
+      gather, classifier = [(None, 'gather')], [norm, (threads, 1)]
       self.assertEqual(greedy_ffi, gather + layer * 6 + classifier)
       self.assertEqual(speed_ffi, gather + layer * 2 + classifier)
       self.assertEqual((greedy, speed), ([], []))
@@ -335,7 +337,8 @@ class TracedProgramTest(parameterized.TestCase):
       dots, calls = speed(DecodeNumerics(kernel=True, threads=2))
       self.assertEqual(dots, [])
       self.assertIn((2, 'attention'), calls)
-      self.assertEqual({t for t, what in calls if what != 'gather'}, {2})
+      self.assertEqual({t for t, what in calls
+                        if what not in ('gather', 'norm')}, {2})
 
   def test_bound_steps_resolve_once_and_pass_their_numerics(self):
     module, params = tiny_model(decode_matmul='xla', kernel_threads=1)

@@ -4,6 +4,7 @@
   loads it (`python -m t5x_speed.cpu` builds it ahead of time);
 * `matmul`: few-row weight products at memory speed, embedding gathers;
 * `attention`: a decode step's cache writes and attention, row by row;
+* `norm`: a decode step's RMSNorms, row by row;
 * `sample`: position-keyed token choice (greedy or sampled), row by row;
 * `dispatch`: which of these a decode uses, resolved from explicit settings
   (`TransformerConfig.decode_matmul`, `kernel_threads`, a decode fn's
@@ -19,8 +20,9 @@ from t5x_speed.cpu import attention
 from t5x_speed.cpu import build
 from t5x_speed.cpu import dispatch
 from t5x_speed.cpu import matmul
+from t5x_speed.cpu import norm
 from t5x_speed.cpu import sample
 from t5x_speed.cpu.dispatch import DecodeNumerics
 
-__all__ = ['attention', 'build', 'dispatch', 'matmul', 'sample',
+__all__ = ['attention', 'build', 'dispatch', 'matmul', 'norm', 'sample',
            'DecodeNumerics']

@@ -1,8 +1,9 @@
 """Builds and loads the native library of the CPU kernels (`csrc/`).
 
 The library (`csrc/rowmatmul.cc`, `gather_rows.cc`, `row_attention.cc`,
-`row_sample.cc`) is compiled on first use with the system C++ compiler, for
-the CPU it runs on (`-march=native`), into one build directory:
+`row_norm.cc`, `row_sample.cc`) is compiled on first use with the system C++
+compiler, for the CPU it runs on (`-march=native`), into one build
+directory:
 `$XDG_CACHE_HOME/t5x_speed` (default `~/.cache/t5x_speed`). Nothing is
 written anywhere else, the package's own folder included. Each binary is
 named by a hash of what it depends on (sources, jaxlib, compiler and its
@@ -40,7 +41,7 @@ __all__ = ['build', 'build_dir', 'isa', 'available']
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'csrc')
 _SOURCES = tuple(os.path.join(_CSRC, c)
                  for c in ('rowmatmul.cc', 'gather_rows.cc', 'row_attention.cc',
-                           'row_sample.cc'))
+                           'row_norm.cc', 'row_sample.cc'))
 _HEADERS = tuple(os.path.join(_CSRC, h)
                  for h in ('aligned_buffer.h', 'ffi_threads.h',
                            'row_dispatch.h', 'row_kernels.h',
@@ -55,6 +56,7 @@ _SYMBOLS = {'t5x_speed_rowmatmul': 'T5xSpeedRowMatmul',
             't5x_speed_attention': 'T5xSpeedAttention',
             't5x_speed_gather_rows': 'T5xSpeedGatherRows',
             't5x_speed_gather_rows_q8': 'T5xSpeedGatherRowsQ8',
+            't5x_speed_rms_norm': 'T5xSpeedRmsNorm',
             't5x_speed_sample': 'T5xSpeedSample'}
 _CXX_FLAGS = ('-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
               '-fno-math-errno')
