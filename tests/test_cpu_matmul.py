@@ -484,8 +484,8 @@ def _x86_flags():
 # process registers one library): its instruction set, its matmul values
 # against NumPy (both forms, f32 and bf16 weights, paired / whole-vector /
 # tail columns and k, 1-12 rows) and its attention against XLA's, each with
-# row independence, its int8 weight products likewise, and its token choice
-# against XLA's. CXX's flags are part
+# row independence, its int8 weight products likewise, its norm, and its
+# token choice against XLA's. CXX's flags are part
 # of the build's cache key, so each variant is its own binary.
 _VARIANT_CHECK = """
 import numpy as np, jax, jax.numpy as jnp
@@ -528,6 +528,17 @@ for transpose_w in (False, True):
         alone = r.matmul(x[i:i + 1], w, w_scale=s, transpose_w=transpose_w)
         assert np.array_equal(np.asarray(alone[0], np.float32),
                               got[i].astype(np.float32)), ('int8', i)
+# The decode step's RMSNorm (a vector chain and horizontal sum per row, a
+# partial vector at width 20): against XLA's, each row alone the same bits.
+from t5x_speed.cpu import norm
+for width in (20, 192):
+  x = jnp.asarray(3 * rng.standard_normal((4, width)), jnp.float32)
+  s = jnp.asarray(rng.uniform(0.5, 1.5, width), jnp.float32)
+  got = norm.rms_norm(x, s, 1e-6, jnp.float32)
+  assert np.allclose(got, norm.reference(x, s, 1e-6, jnp.float32),
+                     rtol=1e-6, atol=1e-6), width
+  assert np.array_equal(norm.rms_norm(x[2:3], s, 1e-6, jnp.float32),
+                        got[2:3]), width
 # The attention (across keys where a head is narrow: horizontal sums, max,
 # exp): against XLA's, and each slot alone. Masks with gaps, an empty slot
 # (every key masked), head widths of a partial vector, whole vectors and
