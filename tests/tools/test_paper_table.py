@@ -10,6 +10,7 @@ from unittest import mock
 
 from absl.testing import absltest
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import seqio
@@ -246,6 +247,29 @@ class PaperTableTest(absltest.TestCase):
     self.assertCountEqual(demo['latency_ms_per_token'],
                           ['greedy 2x3', 'SPEED 2x3'])
     self.assertGreater(demo['replay']['short']['vs_shallow'], 0.0)
+
+  def test_committed_model_is_its_manifests(self):
+    # What `make demo-real` loads: the committed 4x3, its bytes as the
+    # manifest records them and its parameters the shapes of the manifest's
+    # architecture.
+    models = demo_real.MODELS_DIR
+    with open(os.path.join(models, 'manifest.json')) as f:
+      manifest = json.load(f)
+    shared = manifest['shared']
+    entry = manifest['models'][shared]
+    path = os.path.join(models, f'{shared}.msgpack')
+    self.assertEqual(demo_real._digest(path), entry['sha256'])
+    config = network.TransformerConfig(**{
+        k: tuple(v) if isinstance(v, list) else v
+        for k, v in entry['config'].items()})
+    self.assertEqual((config.num_unique_layers, config.num_repeats), (4, 3))
+    shapes = jax.eval_shape(lambda: paper_table_train.module_of(config).init(
+        jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32),
+        jnp.ones((1, 4), jnp.int32), enable_dropout=False))['params']
+    params = paper_table_train.load_params(path)
+    self.assertEqual(jax.tree.map(lambda x: x.shape, shapes),
+                     jax.tree.map(np.shape, params))
+    self.assertGreater(entry['test_bleu'], 10.0)   # it learned to translate
 
   def test_t5x_train_gives_the_library_trainers_parameters(self):
     pytest.importorskip('t5x')
