@@ -13,7 +13,7 @@ import tempfile
 
 # Must precede the first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_force_host_platform_device_count=2').strip()
+                           ' --xla_force_host_platform_device_count=4').strip()
 # Many tests, and the T5X binaries they start (which inherit the
 # environment), compile the same programs: JAX's persistent cache, fresh for
 # each session so that no run reuses another's executables, compiles each

@@ -12,6 +12,7 @@ Example:
                                                    'targets': 64})
 """
 
+import functools
 import json
 import os
 from typing import Dict, Optional, Tuple
@@ -120,6 +121,24 @@ def batches(split: str, lengths: Dict[str, int], batch_size: int,
                else seqio.DecoderFeatureConverter)
   ds = converter(pack=pack)(ds, lengths)
   return ds.batch(batch_size, drop_remainder=shuffle).prefetch(2)
+
+
+def eval_batches(split: str, lengths: Dict[str, int], batch_size: int,
+                 count: int, encoder_decoder: bool = False):
+  """The first `count` unpacked, unshuffled batches of `split` (`batches`),
+  as numpy: read once per registered task, then reused by every evaluation
+  (each validation point, the int8 model's)."""
+  return _eval_batches(seqio.get_mixture_or_task(TASK), split,
+                       tuple(sorted(lengths.items())), batch_size, count,
+                       encoder_decoder)
+
+
+@functools.lru_cache(maxsize=16)
+def _eval_batches(task, split, lengths, batch_size, count, encoder_decoder):
+  del task  # the cache key: a task registered again is read again
+  return tuple(batches(split, dict(lengths), batch_size, pack=False,
+                       shuffle=False, encoder_decoder=encoder_decoder
+                       ).take(count).as_numpy_iterator())
 
 
 def test_prompts(count: int, lengths: Dict[str, int], split: str = 'test'):

@@ -85,12 +85,11 @@ def teacher_forced(module, params, split: str, examples: int,
   """Each exit's teacher-forced loss, accuracy, agreement with the final
   exit and flip rate (`trainer.exit_consistency`) on the first `examples`
   of `split`, in batches of 32."""
-  batches = paper_table_data.batches(
-      split, lengths, 32, pack=False, shuffle=False,
+  batches = paper_table_data.eval_batches(
+      split, lengths, 32, max(examples // 32, 1),
       encoder_decoder=module.config.is_encoder_decoder)
-  batches = batches.take(max(examples // 32, 1)).as_numpy_iterator()
   return {k: v.tolist() for k, v in trainer.exit_consistency(
-      module, params, batches).items()}
+      module, params, iter(batches)).items()}
 
 
 def curve(module, run_dir: str, steps: List[int], prompts, lengths, refs,
