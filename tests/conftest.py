@@ -45,13 +45,16 @@ T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
             'T5X_WHEELS=<folder of t5x wheels>`) to run them.')
 
 
-# The slowest modules (T5X binaries in subprocesses, the fuzz slice, the
-# demo), started first so that with pytest-xdist (`make test`) no worker is
-# left running one of them alone at the end. Matched by file name, wherever
-# the file sits (test_fuzz.py and test_demo.py are in tests/tools/).
+# The slowest modules, slowest first (T5X binaries in subprocesses, the
+# tools' end-to-end runs, the kernel's narrower builds, ...), so that with
+# pytest-xdist (`make test`) each worker takes the next longest when it is
+# free and neither is left running a long one alone at the end. Matched by
+# file name, wherever the file sits (tests/tools/ holds the tools' tests).
 SLOW_FIRST = ('test_t5x_binaries.py', 'test_t5x_binaries_encoder_decoder.py',
-              'test_readme_commands.py', 'test_fuzz.py', 'test_demo.py',
-              'test_t5x_model.py', 'test_t5x_encoder_decoder_model.py')
+              'test_paper_table.py', 'test_cpu_matmul.py', 'test_bench.py',
+              'test_fuzz.py', 'test_gin_configs.py', 'test_readme_commands.py',
+              'test_demo.py', 'test_t5x_model.py', 'test_encoder_decoder.py',
+              'test_network.py', 'test_t5x_encoder_decoder_model.py')
 
 
 def pytest_collection_modifyitems(items):

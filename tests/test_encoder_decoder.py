@@ -187,9 +187,8 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
 
   @parameterized.parameters(
       dict(g=2, r=3, sharing='cycle', seed=11, tied=False),
-      dict(g=2, r=2, sharing='sequence', seed=13, tied=True),
-      dict(g=3, r=2, sharing='cycle_rev', seed=15, tied=False),
-      dict(g=2, r=3, sharing='cycle', seed=17, tied=True, matmul='xla'))
+      dict(g=2, r=2, sharing='sequence', seed=13, tied=True, matmul='xla'),
+      dict(g=3, r=2, sharing='cycle_rev', seed=15, tied=False))
   def test_random_models(self, g, r, sharing, seed, tied, matmul='auto'):
     # Amplified residual branches make the exits disagree, so SPEED flushes.
     module, params = _model(seed=seed, num_unique_layers=g, num_repeats=r,
