@@ -1,6 +1,7 @@
 """Tiny models shared by the tests."""
 
 import dataclasses
+import doctest
 import fcntl
 import functools
 import glob
@@ -20,6 +21,18 @@ from t5x_speed.testing import RESIDUAL_OUTPUTS
 from t5x_speed.testing import random_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def assert_doctests(*modules, min_examples: int = 1, **testmod_kwargs):
+  """Runs each module's docstring examples (`doctest.testmod`, with
+  `testmod_kwargs`); fails unless each ran at least `min_examples` and none
+  failed (doctest prints the failures)."""
+  for module in modules:
+    result = doctest.testmod(module, **testmod_kwargs)
+    if result.attempted < min_examples or result.failed:
+      raise AssertionError(
+          f'{module.__name__}: {result.failed} of {result.attempted} '
+          f'docstring examples failed (at least {min_examples} expected)')
 
 
 def tiny_config(**overrides) -> network.TransformerConfig:

@@ -10,7 +10,6 @@ once, so |kernel - ref| <= 2**-8 * |ref| + 1e-5 * max |v|.
 """
 
 import dataclasses
-import doctest
 import itertools
 from unittest import mock
 
@@ -238,9 +237,7 @@ class ArgumentsTest(absltest.TestCase):
     np.testing.assert_array_equal(got[1][1, 0, :, 3], arrays[4][0, 0])
 
   def test_module_example(self):
-    result = doctest.testmod(attention)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(attention)
 
 
 @needs_kernel

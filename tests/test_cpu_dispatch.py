@@ -9,7 +9,6 @@ checks inspect the traced program (jaxpr), which compiles nothing.
 """
 
 import dataclasses
-import doctest
 import functools
 import logging
 import pathlib
@@ -31,6 +30,7 @@ from t5x_speed.cpu import build
 from t5x_speed.cpu import dispatch
 from t5x_speed.cpu import matmul
 from t5x_speed.cpu.dispatch import DecodeNumerics
+import helpers
 from helpers import tiny_config, tiny_model
 
 SETTINGS = ('auto', 'kernel', 'xla')
@@ -174,9 +174,7 @@ class MatmulPathTest(absltest.TestCase):
     self.assertEqual(self._choices('kernel'), kernel)
 
   def test_docstring_example(self):
-    result = doctest.testmod(dispatch)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(dispatch)
 
   def test_max_speculative_rows(self):
     self.assertEqual(jax.default_backend(), 'cpu')

@@ -3,7 +3,6 @@ bits whatever the rows beside it (XLA's own norm is not, at some widths),
 bfloat16's roundings, jax.vmap, and greedy's and SPEED's scores at such a
 width."""
 
-import doctest
 
 from absl.testing import absltest
 import jax
@@ -15,6 +14,7 @@ from t5x_speed import network
 from t5x_speed import testing
 from t5x_speed.cpu import build
 from t5x_speed.cpu import norm
+import helpers
 
 
 def _bits(x):
@@ -25,9 +25,7 @@ def _bits(x):
 class RmsNormTest(absltest.TestCase):
 
   def test_docstring_example(self):
-    result = doctest.testmod(norm)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(norm)
 
   def test_values_rows_and_vmap(self):
     rng = np.random.RandomState(0)

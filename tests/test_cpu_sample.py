@@ -9,7 +9,6 @@ program over many rows.
 """
 
 import contextlib
-import doctest
 import functools
 
 from absl.testing import absltest
@@ -22,6 +21,7 @@ from t5x_speed.cpu import build
 from t5x_speed.cpu import dispatch
 from t5x_speed.cpu import sample
 from t5x_speed import sampling
+import helpers
 
 ROWS, SLOTS = 48, 3
 
@@ -197,9 +197,7 @@ class RowSampleTest(parameterized.TestCase):
       sample.sample(jnp.zeros((2, 0)), *args, topk=0, rescale=True)
 
   def test_docstring_example(self):
-    result = doctest.testmod(sample)
-    self.assertEqual(result.failed, 0)
-    self.assertGreater(result.attempted, 0)
+    helpers.assert_doctests(sample)
 
 
 if __name__ == '__main__':

@@ -18,6 +18,7 @@ from t5x_speed import steps
 from t5x_speed import token_rules
 from t5x_speed.cpu import build
 from t5x_speed.cpu import dispatch
+import helpers
 from helpers import tiny_model
 
 VOCAB = 13
@@ -209,15 +210,10 @@ class DecodeResultTest(absltest.TestCase):
 class GenerateDocstringTest(absltest.TestCase):
 
   def test_inference_docstring_example(self):
-    result = doctest.testmod(inference)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(inference)
 
   def test_decoding_docstring_examples(self):
-    for module in (decoding, results, t5x_speed, build):
-      result = doctest.testmod(module)
-      self.assertGreater(result.attempted, 0, module)
-      self.assertEqual(result.failed, 0, module)
+    helpers.assert_doctests(decoding, results, t5x_speed, build)
 
 
 class ArgmaxTest(parameterized.TestCase):

@@ -1,6 +1,5 @@
 """The encoder-decoder network: T5X parity, cached decoding, SPEED == greedy."""
 
-import doctest
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -45,9 +44,7 @@ def _encoder_inputs(batch, width, seed):
 class ModuleTest(absltest.TestCase):
 
   def test_docstring_example(self):
-    result = doctest.testmod(encoder_decoder)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(encoder_decoder)
 
   def test_bidirectional_buckets_are_t5s(self):
     # T5's bucket of query - key: 16 buckets per direction; exact to 8,

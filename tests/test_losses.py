@@ -1,6 +1,5 @@
 """Tests of the weighted multi-exit loss and the per-exit statistics."""
 
-import doctest
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -9,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_speed import losses
+import helpers
 
 
 def _reference_loss(logits, targets, weights, label_smoothing, z_loss):
@@ -49,9 +49,7 @@ class ExitWeightsTest(parameterized.TestCase):
       losses.exit_weights(weighting, num_exits)
 
   def test_docstring_example(self):
-    result = doctest.testmod(losses)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(losses)
 
 
 class CrossEntropyTest(parameterized.TestCase):

@@ -1,6 +1,5 @@
 """Tests of the parameter-shared network and its three cached calls."""
 
-import doctest
 import functools
 
 from absl.testing import absltest
@@ -15,6 +14,7 @@ from t5x_speed import network
 from t5x_speed import testing
 from t5x_speed.cpu import build
 from t5x_speed.cpu.dispatch import DecodeNumerics
+import helpers
 from helpers import random_tokens, tiny_config, tiny_model
 
 ORDERS = ('cycle', 'sequence', 'cycle_rev')
@@ -97,11 +97,9 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(cfg.head_dim, 16)
 
   def test_docstring_examples(self):
-    for module in (config_lib, network, testing):
-      result = doctest.testmod(module, extraglobs={'TransformerConfig':
-                                                   config_lib.TransformerConfig})
-      self.assertGreater(result.attempted, 0)
-      self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(
+        config_lib, network, testing,
+        extraglobs={'TransformerConfig': config_lib.TransformerConfig})
 
 
 class ParameterTest(parameterized.TestCase):

@@ -7,7 +7,6 @@ product of x and the dequantized weights (q * scale), since the kernel
 widens q exactly and scales each finished float32 sum once.
 """
 
-import doctest
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -21,6 +20,7 @@ from t5x_speed import quantize
 from t5x_speed import testing
 from t5x_speed.cpu import build
 from t5x_speed.cpu import matmul
+import helpers
 from helpers import random_model
 from helpers import tiny_config
 
@@ -31,10 +31,7 @@ needs_kernel = absltest.skipUnless(build.available(),
 class QuantizeTest(absltest.TestCase):
 
   def test_docstring_examples(self):
-    for module in (quantize, matmul):
-      result = doctest.testmod(module)
-      self.assertGreater(result.attempted, 0, module.__name__)
-      self.assertEqual(result.failed, 0, module.__name__)
+    helpers.assert_doctests(quantize, matmul)
 
   def test_channels_round_trip_and_what_stays_float(self):
     module, params = random_model(2, 3, 'cycle', 1, 40)

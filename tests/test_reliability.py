@@ -5,7 +5,6 @@ traced ones (inside `jit`, as T5X runs decode fns) cannot raise, so the
 example is flagged invalid (no tokens, NaN score) and every loop still ends.
 """
 
-import doctest
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import inference
 from t5x_speed import steps
+import helpers
 from helpers import tiny_model
 
 R, V, L = 3, 5, 8
@@ -67,9 +67,7 @@ def decode_fns(stages=R, width=1, **kwargs):
 class DocstringTest(absltest.TestCase):
 
   def test_decode_args_example(self):
-    result = doctest.testmod(decode_args)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(decode_args)
 
 
 class TerminationTest(parameterized.TestCase):

@@ -12,6 +12,7 @@ from t5x_speed.tasks import metrics
 from t5x_speed.tasks import objectives
 from t5x_speed.tasks import preprocessors
 
+import helpers
 from tasks_helpers import (LENGTHS, EOS, VOCAB_SIZE)
 
 
@@ -45,10 +46,8 @@ class PreprocessorsTest(parameterized.TestCase):
                            'targets': b'Short.'})
 
   def test_doctests(self):
-    for module in (preprocessors, objectives, metrics):
-      result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-      self.assertGreater(result.attempted, 0, module.__name__)
-      self.assertEqual(result.failed, 0, module.__name__)
+    helpers.assert_doctests(preprocessors, objectives, metrics,
+                            optionflags=doctest.ELLIPSIS)
 
 
 class _TestVocabulary(seqio.vocabularies.PassThroughVocabulary):

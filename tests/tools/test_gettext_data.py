@@ -1,7 +1,6 @@
 """The gettext translation set: reading .mo files, filtering, splitting."""
 
 import collections
-import doctest
 import os
 import struct
 import tempfile
@@ -9,6 +8,7 @@ import tempfile
 from absl.testing import absltest
 
 from tools import gettext_data
+import helpers
 
 
 def write_mo(path, entries):
@@ -125,9 +125,7 @@ class GettextDataTest(absltest.TestCase):
       gettext_data.build_pairs(self._settings())
 
   def test_docstring_examples(self):
-    result = doctest.testmod(gettext_data)
-    self.assertGreater(result.attempted, 0)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(gettext_data)
 
   def test_system_catalogs_build_a_usable_set(self):
     # The machine's own French catalogs: real text, built at run time.

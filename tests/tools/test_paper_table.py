@@ -1,7 +1,6 @@
 """`make paper-table` at a toy size: the whole pipeline runs and reports."""
 
 import dataclasses
-import doctest
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from tools import paper_table_data
 from tools import paper_table_report
 from tools import paper_table_train
 from tools import trainer
+import helpers
 
 
 class PaperTableTest(absltest.TestCase):
@@ -57,12 +57,7 @@ class PaperTableTest(absltest.TestCase):
   def test_decoded_row_helpers(self):
     # tools.common's examples: text before EOS, tokens produced with EOS;
     # the table's plateau.
-    result = doctest.testmod(common)
-    self.assertGreaterEqual(result.attempted, 2)
-    self.assertEqual(result.failed, 0)
-    result = doctest.testmod(paper_table)
-    self.assertGreaterEqual(result.attempted, 2)
-    self.assertEqual(result.failed, 0)
+    helpers.assert_doctests(common, paper_table, min_examples=2)
     points = [{'step': s, 'loss': [l]} for s, l in [(5, 2.0), (10, 1.5)]]
     self.assertFalse(paper_table.plateau(points, 10)['reached'])   # 25%
     self.assertIsNone(paper_table.plateau(points[1:], 10))  # no earlier point
