@@ -11,7 +11,8 @@ import os
 import shutil
 import tempfile
 
-# Must precede the first `import jax` of the session.
+# Four host devices (the partitioning tests' 2 x 2 mesh); must precede the
+# first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
                            ' --xla_force_host_platform_device_count=4').strip()
 # Many tests, and the T5X binaries they start (which inherit the

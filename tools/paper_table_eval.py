@@ -89,7 +89,7 @@ def teacher_forced(module, params, split: str, examples: int,
       split, lengths, 32, max(examples // 32, 1),
       encoder_decoder=module.config.is_encoder_decoder)
   return {k: v.tolist() for k, v in trainer.exit_consistency(
-      module, params, iter(batches)).items()}
+      module, params, batches).items()}
 
 
 def curve(module, run_dir: str, steps: List[int], prompts, lengths, refs,
