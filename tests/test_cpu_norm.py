@@ -3,7 +3,6 @@ bits whatever the rows beside it (XLA's own norm is not, at some widths),
 bfloat16's roundings, jax.vmap, and greedy's and SPEED's scores at such a
 width."""
 
-
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp

@@ -1,6 +1,5 @@
 """The encoder-decoder network: T5X parity, cached decoding, SPEED == greedy."""
 
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax

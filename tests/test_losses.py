@@ -1,6 +1,5 @@
 """Tests of the weighted multi-exit loss and the per-exit statistics."""
 
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax

@@ -7,7 +7,6 @@ product of x and the dequantized weights (q * scale), since the kernel
 widens q exactly and scales each finished float32 sum once.
 """
 
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
