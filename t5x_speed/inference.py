@@ -340,7 +340,6 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
     raise ValueError(f'eos_id must be an integer, got {eos_id!r}.')
   speculative_vocab_size = decode_args.check_speculative_vocab_size(
       speculative_vocab_size)
-  cpu.dispatch.max_speculative_rows(max_speculative_rows)  # checks it
   for name, flag in (('bidirectional', bidirectional),
                      ('record_schedule', record_schedule),
                      ('require_pipeline', require_pipeline),
@@ -359,6 +358,9 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
   else:  # A greedy method takes no sampling argument (refused above).
     temperature = topp = rng = None
     topk = 0
+  max_speculative_rows, require_pipeline = _pipeline_settings(
+      method, prompts.shape[0] * module.config.num_repeats,
+      max_speculative_rows, require_pipeline, record_schedule)
   # NumPy inputs go to the jitted call as they are: a jnp conversion here
   # would be one more dispatch per array, on every call.
   return _generate(module, params, np.asarray(prompts, np.int32),
@@ -371,6 +373,19 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
                    speculative_vocab_size=speculative_vocab_size,
                    max_speculative_rows=max_speculative_rows,
                    require_pipeline=require_pipeline)
+
+
+def _pipeline_settings(method: str, rows: int, max_speculative_rows: Any,
+                       require_pipeline: bool, record_schedule: bool):
+  """(max_speculative_rows, require_pipeline) as `_generate` is keyed on:
+  (None, False) wherever the decode runs no pipeline choice (a method
+  without one, or a SPEED batch of `rows` rows that pipelines anyway), so
+  that 'auto', None and a limit above `rows` share one compiled program."""
+  limit = cpu.dispatch.max_speculative_rows(max_speculative_rows)
+  if method not in SPEED_METHODS or (limit is None or rows <= limit or
+                                     record_schedule):
+    return None, False
+  return limit, require_pipeline
 
 
 # What each setting of `generate` is when left unset.

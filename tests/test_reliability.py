@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_speed import cpu
 from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import inference
@@ -334,6 +335,34 @@ class GenerateArgumentTest(parameterized.TestCase):
                       speculative_vocab_size=None, max_speculative_rows='auto',
                       require_pipeline=False, temperature=None, topk=None,
                       topp=None, rng=None)
+
+  def test_settings_that_decide_nothing_share_one_program(self):
+    # `_generate` is compiled per key: where the pipeline runs anyway (2
+    # examples x R = 3: 6 rows, within the CPU's 8) every spelling of the
+    # limit, and require_pipeline, is the key (None, False).
+    def key(batch, **settings):
+      with mock.patch.object(inference, '_generate') as traced:
+        self.generate(prompts=[[3, 4]] * batch, lengths=[2] * batch,
+                      **settings)
+      kwargs = traced.call_args.kwargs
+      return kwargs['max_speculative_rows'], kwargs['require_pipeline']
+    for settings in (dict(), dict(max_speculative_rows=None),
+                     dict(max_speculative_rows=6),
+                     dict(max_speculative_rows=100, require_pipeline=True),
+                     dict(require_pipeline=True)):
+      self.assertEqual(key(2, **settings), (None, False), settings)
+      self.assertEqual(key(2, method='speed_sample', **settings),
+                       (None, False), settings)
+    self.assertEqual(key(3, method='greedy'), (None, False))
+    # 9 rows: the limit (8 on CPU) decides between the pipeline and
+    # greedy's step.
+    self.assertEqual(cpu.dispatch.CPU_MAX_SPECULATIVE_ROWS, 8)
+    self.assertEqual(key(3), (8, False))
+    self.assertEqual(key(3, require_pipeline=True), (8, True))
+    self.assertEqual(key(3, max_speculative_rows=5), (5, False))
+    self.assertEqual(key(3, max_speculative_rows=9), (None, False))
+    self.assertEqual(key(3, max_speculative_rows=None), (None, False))
+    self.assertEqual(key(3, record_schedule=True), (None, False))
 
   def test_ragged_prompts(self):
     with self.assertRaisesRegex(ValueError, 'prompts must be a rectangular '
