@@ -14,6 +14,7 @@ same bfloat16 values, rounded once to bfloat16 by the kernel:
 Row independence is bit-exact.
 """
 
+import inspect
 import itertools
 import os
 import pathlib
@@ -597,8 +598,30 @@ assert not (differ & ~near).any(), np.argwhere(differ)
 same = ~differ[:, -1]
 assert np.allclose(np.asarray(kernel_lp)[same], np.asarray(xla_lp)[same],
                    atol=2e-5)
+print('choice', choice_digest())
 print('ok')
 """
+
+def choice_digest() -> str:
+  """A digest of the token choice's tokens and log-probabilities on fixed
+  rows (greedy, sampled, top-p, top-k; a vocabulary of a partial block and
+  T5's). Every build keeps 16 accumulator lanes whatever its vector width,
+  so every build gives the same digest. The variants run this source, so
+  it imports what their script does not."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  from t5x_speed.cpu import sample  # pylint: disable=g-import-not-at-top
+  rng, out = np.random.RandomState(5), []
+  for vocab in (1001, 32128):
+    logits = jnp.asarray(3 * rng.standard_normal((5, vocab)), jnp.float32)
+    keys = jnp.asarray(rng.randint(0, 2**31, (5, 2)), jnp.uint32)
+    temperature = jnp.array([0.0, 1.0, 0.7, 0.0, 1.3], jnp.float32)
+    topp = jnp.array([0.0, 0.9, 0.0, 0.0, 0.5], jnp.float32)
+    for topk, rescale in ((0, False), (40, True)):
+      tokens, log_probs = sample.sample(
+          logits, keys, jnp.arange(5, dtype=jnp.int32), temperature, topp,
+          topk=topk, rescale=rescale)
+      out += [np.asarray(tokens).tobytes(), np.asarray(log_probs).tobytes()]
+  return hashlib.sha256(b''.join(out)).hexdigest()
 
 
 @absltest.skipUnless(build.available() and _x86_flags(),
@@ -639,12 +662,15 @@ class InstructionSetVariantsTest(absltest.TestCase):
     cache = tempfile.mkdtemp(prefix='t5x_speed_variant_')
     self.addCleanup(shutil.rmtree, cache, ignore_errors=True)
     result = subprocess.run(
-        [sys.executable, '-c', _VARIANT_CHECK], capture_output=True,
+        [sys.executable, '-c',
+         inspect.getsource(choice_digest) + _VARIANT_CHECK],
+        capture_output=True,
         text=True, timeout=600, env={**os.environ, 'CXX': f'{cxx} {flags}',
                                      'XDG_CACHE_HOME': cache})
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn(f'isa {isa}', result.stdout)
     self.assertIn('ok', result.stdout)
+    self.assertIn(f'choice {choice_digest()}', result.stdout)
     built = os.listdir(os.path.join(cache, 't5x_speed'))
     self.assertLen([f for f in built if f.endswith('.so')], 1, built)
     self.assertEqual(_files(package), before)

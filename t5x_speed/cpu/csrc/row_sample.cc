@@ -51,13 +51,25 @@ namespace {
 
 using namespace t5x_speed_kernels;  // NOLINT(build/namespaces)
 
-// Every pass runs on vectors of kLanes floats (GCC's vector extensions:
-// one AVX-512 register, two AVX2 ones, or scalar code), so a row's
-// reductions keep one lane order whatever the vector width.
+// Every reduction keeps kLanes partial results, lane l summing the
+// elements l, l + kLanes, ..., so a row's result has one lane order
+// whatever the vector width. Passes run on GCC vector-extension vectors of
+// the widest width the build has registers for (kWidth floats: one
+// AVX-512, AVX or SSE register); a wider vector type than the registers
+// would be lowered to scalar code. A block of kLanes floats is kSub such
+// vectors.
 constexpr int64_t kLanes = 16;
-typedef float F __attribute__((vector_size(4 * kLanes)));
-typedef uint32_t U __attribute__((vector_size(4 * kLanes)));
-typedef int32_t I __attribute__((vector_size(4 * kLanes)));
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+#elif defined(__AVX__)
+constexpr int64_t kWidth = 8;
+#else
+constexpr int64_t kWidth = 4;
+#endif
+constexpr int64_t kSub = kLanes / kWidth;
+typedef float F __attribute__((vector_size(4 * kWidth)));
+typedef uint32_t U __attribute__((vector_size(4 * kWidth)));
+typedef int32_t I __attribute__((vector_size(4 * kWidth)));
 
 // T5X's: at or below this temperature a row decodes greedily.
 constexpr float kMinTemperature = 1e-4f;
@@ -147,39 +159,50 @@ inline F Gumbel(U bits) {
   return -Log(-Log(u));
 }
 
-inline float Sum(F v) {
-  float total = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) total += v[l];
-  return total;
-}
-
-// Sum over the padded row of term(block start) -> F.
+// Sum over the padded row of term(vector start) -> F, in kLanes lanes
+// added in lane order.
 template <typename T>
 float BlockSum(int64_t n, const T& term) {
-  F lanes = {};
-  for (int64_t i = 0; i < n; i += kLanes) lanes += term(i);
-  return Sum(lanes);
+  F lanes[kSub] = {};
+  for (int64_t i = 0; i < n; i += kLanes) {
+    for (int64_t j = 0; j < kSub; ++j) lanes[j] += term(i + j * kWidth);
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < kSub; ++j) {
+    for (int64_t l = 0; l < kWidth; ++l) total += lanes[j][l];
+  }
+  return total;
 }
 
 // Maximum and the first index of it in x[0..n), n a multiple of kLanes,
 // NaN-free.
 inline int64_t ArgMax(const float* x, int64_t n, float* max) {
-  F best = Splat(-kInf);
-  I at = {};
-  I idx;
-  for (int64_t l = 0; l < kLanes; ++l) idx[l] = static_cast<int32_t>(l);
-  for (int64_t i = 0; i < n; i += kLanes, idx += kLanes) {
-    const F v = Load(x + i);
-    const I better = v > best;
-    best = better ? v : best;
-    at = better ? idx : at;
+  F best[kSub];
+  I at[kSub] = {};
+  I idx[kSub];
+  for (int64_t j = 0; j < kSub; ++j) {
+    best[j] = Splat(-kInf);
+    for (int64_t l = 0; l < kWidth; ++l) {
+      idx[j][l] = static_cast<int32_t>(j * kWidth + l);
+    }
   }
-  float top = best[0];
-  int64_t first = at[0];
-  for (int64_t l = 1; l < kLanes; ++l) {
-    if (best[l] > top || (best[l] == top && at[l] < first)) {
-      top = best[l];
-      first = at[l];
+  for (int64_t i = 0; i < n; i += kLanes) {
+    for (int64_t j = 0; j < kSub; ++j) {
+      const F v = Load(x + i + j * kWidth);
+      const I better = v > best[j];
+      best[j] = better ? v : best[j];
+      at[j] = better ? idx[j] : at[j];
+      idx[j] += kLanes;
+    }
+  }
+  float top = -kInf;
+  int64_t first = n;
+  for (int64_t j = 0; j < kSub; ++j) {
+    for (int64_t l = 0; l < kWidth; ++l) {
+      if (best[j][l] > top || (best[j][l] == top && at[j][l] < first)) {
+        top = best[j][l];
+        first = at[j][l];
+      }
     }
   }
   *max = top;
@@ -286,27 +309,27 @@ RowResult SampleRow(const float* x, float* s, float* p, float* c, int64_t n,
     return {static_cast<int32_t>(token),
             rescale ? 0.0f : LogSoftmaxAt(x, n, token, top)};
   }
-  for (int64_t i = 0; i < n; i += kLanes) {
+  for (int64_t i = 0; i < n; i += kWidth) {
     Store(s + i, Load(x + i) / temperature);
   }
   if (topk > 0 && topk < valid) {
     std::copy(s, s + valid, p);
     std::nth_element(p, p + (topk - 1), p + valid, std::greater<float>());
     const float kth = p[topk - 1];
-    for (int64_t i = 0; i < n; i += kLanes) {
+    for (int64_t i = 0; i < n; i += kWidth) {
       const F v = Load(s + i);
       Store(s + i, v >= kth ? v : Splat(-kInf));
     }
   }
   // The kept ids' log_softmax at `token` is s[token] - top - log_kept.
   ArgMax(s, n, &top);
-  for (int64_t i = 0; i < n; i += kLanes) Store(p + i, Exp(Load(s + i) - top));
+  for (int64_t i = 0; i < n; i += kWidth) Store(p + i, Exp(Load(s + i) - top));
   const float sum = BlockSum(n, [&](int64_t i) { return Load(p + i); });
   float log_kept = std::log(sum);
   if (topp > 0.0f) {
-    for (int64_t i = 0; i < n; i += kLanes) Store(p + i, Load(p + i) / sum);
+    for (int64_t i = 0; i < n; i += kWidth) Store(p + i, Load(p + i) / sum);
     const float cut = TopPCut(p, n, topp, c);
-    for (int64_t i = 0; i < n; i += kLanes) {
+    for (int64_t i = 0; i < n; i += kWidth) {
       const F v = Load(s + i);
       Store(s + i, Load(p + i) >= cut ? v : Splat(-kInf));
     }
@@ -319,8 +342,8 @@ RowResult SampleRow(const float* x, float* s, float* p, float* c, int64_t n,
   uint32_t r0 = 0, r1 = static_cast<uint32_t>(position);
   Threefry(k0, k1, r0, r1);
   U index;
-  for (int64_t l = 0; l < kLanes; ++l) index[l] = static_cast<uint32_t>(l);
-  for (int64_t i = 0; i < n; i += kLanes, index += kLanes) {
+  for (int64_t l = 0; l < kWidth; ++l) index[l] = static_cast<uint32_t>(l);
+  for (int64_t i = 0; i < n; i += kWidth, index += kWidth) {
     U b0 = {}, b1 = index;
     Threefry(r0, r1, b0, b1);
     Store(p + i, Load(s + i) + Gumbel(b0 ^ b1));
