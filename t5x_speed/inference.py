@@ -39,6 +39,7 @@ from t5x_speed import decode_args
 from t5x_speed import decoding
 from t5x_speed import network
 from t5x_speed import sampling
+from t5x_speed import speed_loop
 from t5x_speed import steps
 from t5x_speed.results import DecodeResult
 from t5x_speed.results import SpeedSchedule
@@ -382,8 +383,8 @@ def _pipeline_settings(method: str, rows: int, max_speculative_rows: Any,
   without one, or a SPEED batch of `rows` rows that pipelines anyway), so
   that 'auto', None and a limit above `rows` share one compiled program."""
   limit = cpu.dispatch.max_speculative_rows(max_speculative_rows)
-  if method not in SPEED_METHODS or (limit is None or rows <= limit or
-                                     record_schedule):
+  if method not in SPEED_METHODS or speed_loop.within_limit(
+      rows, limit, record_schedule):
     return None, False
   return limit, require_pipeline
 

@@ -30,7 +30,8 @@ from t5x_speed.results import SpeedSchedule
 from t5x_speed.results import SpeedStats
 
 __all__ = ['PipelineStepFn', 'SpeedState', 'LoopResult', 'check_pipeline',
-           'pipelined_loop', 'speculates', 'speed_or_sequential']
+           'pipelined_loop', 'speculates', 'speed_or_sequential',
+           'within_limit']
 
 Array = jax.Array
 # (tokens [B], carry [B, R-1, E], positions [B, R], cache)
@@ -256,16 +257,24 @@ def _invalid_flags(checked: decode_args.Checked, ended: Array) -> Array:
   return checked.invalid | jnp.where(ended, 0, INVALID_STEP_LIMIT)
 
 
+def within_limit(rows: int, max_speculative_rows: Optional[int],
+                 record_schedule: bool) -> bool:
+  """Whether `rows` rows (batch x R) run the pipeline whatever the model:
+  no limit (None), at most `max_speculative_rows`, or a requested schedule
+  (it records the pipeline's steps)."""
+  return (max_speculative_rows is None or rows <= max_speculative_rows or
+          record_schedule)
+
+
 def speculates(rows: int, max_speculative_rows: Optional[int],
                tokens_to_logits: Optional[Any], record_schedule: bool) -> bool:
   """Whether a SPEED decode of `rows` rows (batch x R) runs the pipeline.
 
-  It does unless `rows` exceeds `max_speculative_rows` (None: no limit) and
-  a full-depth `tokens_to_logits` is there to decode sequentially; a
-  requested schedule always runs the pipeline (it records its steps).
+  It does `within_limit`, and beyond the limit where no full-depth
+  `tokens_to_logits` is there to decode sequentially.
   """
-  return (max_speculative_rows is None or rows <= max_speculative_rows or
-          tokens_to_logits is None or record_schedule)
+  return (within_limit(rows, max_speculative_rows, record_schedule) or
+          tokens_to_logits is None)
 
 
 class LoopResult(NamedTuple):

@@ -602,6 +602,7 @@ print('choice', choice_digest())
 print('ok')
 """
 
+
 def choice_digest() -> str:
   """A digest of the token choice's tokens and log-probabilities on fixed
   rows (greedy, sampled, top-p, top-k; a vocabulary ending in a partial
