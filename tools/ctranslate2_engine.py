@@ -21,8 +21,9 @@ numbers it is timed on are its decode steps alone.
 
 `time_decode` runs one model in a fresh process (a model loaded earlier in
 the same process slows a later one) and returns ms per token of greedy
-decoding at batch 1: (T(prompt + 129 tokens) - T(prompt + 1 token)) / 128,
-the best of `repeats` rounds each.
+decoding at batch 1: the time between its first and its last generated token
+over the decode steps between them (CTranslate2 reports each position as it
+decodes it), the best of `repeats` rounds.
 """
 
 import argparse
@@ -141,18 +142,30 @@ def greedy(gen, prompt: Sequence[int], steps: int, vocab_size: int,
 def _time_in_process(model_dir: str, compute_type: str, prompt_length: int,
                      steps: int, repeats: int, vocab_size: int) -> float:
   gen = generator(model_dir, compute_type)
-  prompt = list(range(len(SPECIAL), len(SPECIAL) + prompt_length))
+  names = token_names(vocab_size)
+  prompt = [SPECIAL[0]] + names[len(SPECIAL):len(SPECIAL) + prompt_length]
+  total = prompt_length + steps + 1
 
-  def best(n):
-    run = lambda: greedy(gen, prompt, n, vocab_size, force_length=True)
-    run()
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      run()
-      times.append(time.perf_counter() - start)
-    return min(times)
-  return 1e3 * (best(steps + 1) - best(1)) / steps
+  def decode_seconds():
+    # CTranslate2 calls back once per position, prompt included; the
+    # intervals between the generated tokens' calls are its decode steps.
+    stamps = []
+
+    def stamp(unused_step) -> bool:
+      stamps.append(time.perf_counter())
+      return False  # go on decoding
+
+    gen.generate_batch(
+        [prompt], max_length=total, min_length=total, sampling_topk=1,
+        beam_size=1, include_prompt_in_result=True, callback=stamp)
+    generated = stamps[prompt_length:]
+    if len(generated) != steps + 1:
+      raise RuntimeError(f'CTranslate2 reported {len(stamps)} positions, '
+                         f'expected {prompt_length + steps + 1}.')
+    return generated[-1] - generated[0]
+
+  decode_seconds()
+  return 1e3 * min(decode_seconds() for _ in range(repeats)) / steps
 
 
 def time_decode(model_dir: str, compute_type: str, prompt_length: int,
