@@ -147,13 +147,31 @@ def produced_count(rows) -> int:
   return total
 
 
-def cpu_model() -> str:
-  """The CPU's model name (from /proc/cpuinfo where there is one)."""
+def cpu_model(cpuinfo: str = '/proc/cpuinfo') -> str:
+  r"""The CPU's model name, from `cpuinfo` where there is one, with its x86
+  family and model numbers: a virtual machine's name ('AMD EPYC') can hide
+  the generation, which decides the memory system the figures measure.
+
+  >>> import tempfile
+  >>> with tempfile.NamedTemporaryFile('w', suffix='cpuinfo') as f:
+  ...   _ = f.write('cpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n')
+  ...   f.flush()
+  ...   cpu_model(f.name)
+  'AMD EPYC (family 26, model 2)'
+  """
+  fields = {}
   try:
-    with open('/proc/cpuinfo') as f:
+    with open(cpuinfo) as f:
       for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
+        if not line.strip():
+          break  # the first processor's fields
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
   except OSError:
     pass
-  return platform.processor() or platform.machine()
+  name = fields.get('model name')
+  if not name:
+    return platform.processor() or platform.machine()
+  if 'cpu family' in fields and 'model' in fields:
+    return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+  return name
