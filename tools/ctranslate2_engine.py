@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -124,9 +124,11 @@ def generator(model_dir: str, compute_type: str, threads: int = 0):
 
 
 def greedy(gen, prompt: Sequence[int], steps: int, vocab_size: int,
-           force_length: bool = False):
+           force_length: bool = False,
+           callback: Optional[Callable[[Any], bool]] = None):
   """Greedy token ids after BOS + `prompt`, at most `steps` (exactly, with
-  `force_length`: EOS is then never chosen)."""
+  `force_length`: EOS is then never chosen). `callback`, CTranslate2's, is
+  called once per position as it is decoded, the prompt's included."""
   names = token_names(vocab_size)
   # With the prompt in the result (its lengths count the prompt): without,
   # this CTranslate2 build repeats the prompt's last token on T5's relative
@@ -135,29 +137,26 @@ def greedy(gen, prompt: Sequence[int], steps: int, vocab_size: int,
   out = gen.generate_batch(
       [[SPECIAL[0]] + [names[t] for t in prompt]], max_length=total,
       min_length=total if force_length else 0, sampling_topk=1, beam_size=1,
-      include_prompt_in_result=True)
+      include_prompt_in_result=True, callback=callback)
   return [names.index(t) for t in out[0].sequences[0][len(prompt):]]
 
 
 def _time_in_process(model_dir: str, compute_type: str, prompt_length: int,
                      steps: int, repeats: int, vocab_size: int) -> float:
   gen = generator(model_dir, compute_type)
-  names = token_names(vocab_size)
-  prompt = [SPECIAL[0]] + names[len(SPECIAL):len(SPECIAL) + prompt_length]
-  total = prompt_length + steps + 1
+  prompt = list(range(len(SPECIAL), len(SPECIAL) + prompt_length))
 
   def decode_seconds():
-    # CTranslate2 calls back once per position, prompt included; the
-    # intervals between the generated tokens' calls are its decode steps.
+    # The intervals between the generated tokens' callbacks are its decode
+    # steps.
     stamps = []
 
     def stamp(unused_step) -> bool:
       stamps.append(time.perf_counter())
       return False  # go on decoding
 
-    gen.generate_batch(
-        [prompt], max_length=total, min_length=total, sampling_topk=1,
-        beam_size=1, include_prompt_in_result=True, callback=stamp)
+    greedy(gen, prompt, steps + 1, vocab_size, force_length=True,
+           callback=stamp)
     generated = stamps[prompt_length:]
     if len(generated) != steps + 1:
       raise RuntimeError(f'CTranslate2 reported {len(stamps)} positions, '
