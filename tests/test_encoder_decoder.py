@@ -1,5 +1,7 @@
 """The encoder-decoder network: T5X parity, cached decoding, SPEED == greedy."""
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -137,19 +139,26 @@ class CachedDecodingTest(parameterized.TestCase):
     targets = helpers.random_tokens(3, (2, 5), VOCAB)
     decoder_inputs = jnp.concatenate(
         [jnp.zeros((2, 1), jnp.int32), targets[:, :-1]], axis=1)
-    full = module.apply({'params': params}, encoder_tokens, decoder_inputs,
-                        jnp.ones_like(targets), enable_dropout=False)
+    full = jax.jit(lambda p: module.apply(
+        {'params': p}, encoder_tokens, decoder_inputs, jnp.ones_like(targets),
+        enable_dropout=False))(params)
     bound = steps.BoundSteps(module, params)
-    cache = bound.prefill(decoder_inputs[:, :1], jnp.ones((2,), jnp.int32),
-                          cache_length=6, encoder_input_tokens=encoder_tokens)
+    # Each step jitted, as a decode runs it (eager, each operation would
+    # compile apart).
+    decode_step, pipeline_step = (jax.jit(functools.partial(
+        lambda name, p, *a: getattr(steps.BoundSteps(module, p), name)(*a),
+        name)) for name in ('decode_step', 'pipeline_step'))
+    cache = jax.jit(lambda p: steps.BoundSteps(module, p).prefill(
+        decoder_inputs[:, :1], jnp.ones((2,), jnp.int32), cache_length=6,
+        encoder_input_tokens=encoder_tokens))(params)
     self.assertLen(cache.cross_keys, cfg.num_unique_layers)
     self.assertEqual(cache.cross_keys[0].shape, (1, 2, 4, 7, 8))
     np.testing.assert_array_equal(
         cache.cross_bias[0] == 0, encoder_tokens > 0)
     greedy_cache = cache
     for t in range(1, 5):
-      logits, greedy_cache = bound.decode_step(
-          decoder_inputs[:, t], jnp.full((2,), t), greedy_cache)
+      logits, greedy_cache = decode_step(
+          params, decoder_inputs[:, t], jnp.full((2,), t), greedy_cache)
       np.testing.assert_allclose(logits, full[-1, :, t], rtol=2e-5,
                                  atol=2e-5)
     # SPEED's step: every slot holds position 1's token at its stage, the
@@ -159,8 +168,8 @@ class CachedDecodingTest(parameterized.TestCase):
     for stage in range(cfg.num_repeats):
       positions = jnp.where(jnp.arange(cfg.num_repeats) == stage, position,
                             -1)[None].repeat(2, 0)
-      logits, hidden, cache = bound.pipeline_step(
-          decoder_inputs[:, position], carry, positions, cache)
+      logits, hidden, cache = pipeline_step(
+          params, decoder_inputs[:, position], carry, positions, cache)
       np.testing.assert_allclose(logits[:, stage], full[stage, :, position],
                                  rtol=2e-5, atol=2e-5)
       carry = hidden[:, :-1]

@@ -293,13 +293,17 @@ class GenerateTest(absltest.TestCase):
                        [pipelined] * 2)
       self.assertEqual(np.asarray(out.stats.num_tokens).tolist(), [8, 8])
     # The rows count every decode: 2 examples x 2 decodes x R = 3.
-    bound = steps.BoundSteps(module, params)
-    inputs, cache = inference.prepare(bound, prompts, lengths, 8, True)
     fn = sampling.speed_sample_decode
-    outs = [decoding.decode(
-        fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=-1,
-        decode_rng=jax.random.PRNGKey(5), num_decodes=2,
-        max_speculative_rows=rows) for rows in (11, 12)]
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def decode(params, rows):  # one program, where eager ops compile apart
+      bound = steps.BoundSteps(module, params)
+      inputs, cache = inference.prepare(bound, prompts, lengths, 8, True)
+      return decoding.decode(
+          fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=-1,
+          decode_rng=jax.random.PRNGKey(5), num_decodes=2,
+          max_speculative_rows=rows)
+    outs = [decode(params, rows) for rows in (11, 12)]
     np.testing.assert_array_equal(outs[0].sequences, outs[1].sequences)
     self.assertEqual([np.asarray(o.stats.pipelined).tolist() for o in outs],
                      [[0, 0], [1, 1]])
