@@ -55,28 +55,32 @@ class NetworkParityTest(parameterized.TestCase):
     tokens = helpers.random_tokens(2, (2, 8), 64)
     params = helpers.random_params(theirs, 0)
     lengths = jnp.array([3, 5])
-    # T5X: initialise the cache, prefill, then one decode=True step each.
-    _, init = theirs.apply({'params': params}, jnp.ones_like(tokens),
-                           jnp.ones_like(tokens), enable_dropout=False,
-                           decode=True, mutable=['cache'])
-    _, t5x_vars = theirs.apply(
-        {'params': params, 'cache': init['cache']}, tokens,
+    # T5X: initialise the cache, prefill, then one decode=True step each;
+    # each call jitted, as T5X's decoding runs it (eager, each operation
+    # would compile apart).
+    _, init = jax.jit(lambda p: theirs.apply(
+        {'params': p}, jnp.ones_like(tokens), jnp.ones_like(tokens),
+        enable_dropout=False, decode=True, mutable=['cache']))(params)
+    _, t5x_vars = jax.jit(lambda p, c: theirs.apply(
+        {'params': p, 'cache': c}, tokens,
         (jnp.arange(8) <= lengths[:, None]).astype(jnp.int32),
         enable_dropout=False, prefill=True, prefill_lengths=lengths,
-        mutable=['cache'])
+        mutable=['cache']))(params, init['cache'])
     t5x_cache = t5x_vars['cache']
-    _, cache = ours.apply({'params': params}, tokens, lengths,
-                          method='prefill')
+    _, cache = jax.jit(lambda p: ours.apply(
+        {'params': p}, tokens, lengths, method='prefill'))(params)
+    t5x_step = jax.jit(lambda p, c, x: theirs.apply(
+        {'params': p, 'cache': c}, x[:, None], x[:, None],
+        enable_dropout=False, decode=True, max_decode_length=8,
+        mutable=['cache']))
+    our_step = jax.jit(lambda p, *a: ours.apply(
+        {'params': p}, *a, method='decode_step'))
     rows = jnp.arange(2)
     for t in range(3):
       step_tokens = tokens[rows, lengths + t]
-      expected, t5x_vars = theirs.apply(
-          {'params': params, 'cache': t5x_cache}, step_tokens[:, None],
-          step_tokens[:, None], enable_dropout=False, decode=True,
-          max_decode_length=8, mutable=['cache'])
+      expected, t5x_vars = t5x_step(params, t5x_cache, step_tokens)
       t5x_cache = t5x_vars['cache']
-      got, cache = ours.apply({'params': params}, step_tokens, lengths + t,
-                              cache, method='decode_step')
+      got, cache = our_step(params, step_tokens, lengths + t, cache)
       np.testing.assert_allclose(got, expected[:, 0], atol=1e-5, rtol=1e-5)
 
 
