@@ -87,9 +87,11 @@ class Int8KernelTest(parameterized.TestCase):
       w = rng.randint(-127, 128, (n, k) if transpose_w else (k, n)).astype(
           np.int8)
       s = rng.uniform(0.001, 0.02, n).astype(np.float32)
-      # Every row count up to 13 (SPEED's batch x R and the 12-row groups).
-      outs = [matmul.matmul(x[:m], w, w_scale=s, transpose_w=transpose_w)
-              for m in range(1, 14)]
+      # Every row count up to 13 (SPEED's batch x R and the 12-row groups),
+      # one kernel call each, in one compiled program.
+      outs = jax.jit(lambda x, w, s: [  # pylint: disable=g-long-lambda
+          matmul.matmul(x[:m], w, w_scale=s, transpose_w=transpose_w)
+          for m in range(1, 14)])(x, w, s)
       got = np.asarray(outs[-1], np.float64)
       ws = w.astype(np.float64) * (s[:, None] if transpose_w else s)
       ws = ws.T if transpose_w else ws
