@@ -157,7 +157,7 @@ class ParameterTest(parameterized.TestCase):
                             enable_dropout=False)
       return jnp.sum(jax.nn.log_softmax(logits)[..., 3])
 
-    grads = jax.grad(loss)(params)['decoder']
+    grads = jax.jit(jax.grad(loss))(params)['decoder']
     self.assertEqual(
         sorted(grads),
         ['decoder_norm', 'layers_0', 'layers_1', 'layers_2', 'relpos_bias',
