@@ -1,7 +1,5 @@
 """The encoder-decoder network: T5X parity, cached decoding, SPEED == greedy."""
 
-import functools
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -145,9 +143,10 @@ class CachedDecodingTest(parameterized.TestCase):
     bound = steps.BoundSteps(module, params)
     # Each step jitted, as a decode runs it (eager, each operation would
     # compile apart).
-    decode_step, pipeline_step = (jax.jit(functools.partial(
-        lambda name, p, *a: getattr(steps.BoundSteps(module, p), name)(*a),
-        name)) for name in ('decode_step', 'pipeline_step'))
+    decode_step = jax.jit(
+        lambda p, *a: steps.BoundSteps(module, p).decode_step(*a))
+    pipeline_step = jax.jit(
+        lambda p, *a: steps.BoundSteps(module, p).pipeline_step(*a))
     cache = jax.jit(lambda p: steps.BoundSteps(module, p).prefill(
         decoder_inputs[:, :1], jnp.ones((2,), jnp.int32), cache_length=6,
         encoder_input_tokens=encoder_tokens))(params)
