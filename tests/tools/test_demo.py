@@ -16,7 +16,6 @@ from tools import replay
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed.testing import random_params
-import t5x_speed.tasks  # pylint: disable=unused-import
 from t5x_speed.tasks import demo as demo_task
 
 TINY = demo_model.DemoSettings(width=16, steps=4, batch_size=2)
