@@ -62,13 +62,15 @@ install-t5x: $(T5X_STAMP)
 # (docs/testing.md); a test class stays on one worker (--dist loadscope), so
 # it shares its setup; --no-loadscope-reorder keeps conftest.py's
 # slowest-first order.
-# TEST_WORKERS=0 runs everything in one process.
+# TEST_WORKERS=0 runs everything in one process. TEST_SHARD=K/N runs the
+# K-th of N disjoint parts of the suite (tests/sharding.py), for N CI jobs.
 TEST_WORKERS ?= 2
+TEST_SHARD ?=
 test: install kernel $(if $(T5X_WHEELS),install-t5x)
 	cd tests && $(if $(T5X_WHEELS),T5X_SPEED_REQUIRE_ALL_TESTS=1) \
 	  ../$(BIN)/python -m pytest -q -p no:cacheprovider \
 	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder) \
-	  $(PYTEST_ARGS)
+	  $(if $(TEST_SHARD),--shard $(TEST_SHARD)) $(PYTEST_ARGS)
 
 # The tools run from the repository root (tools/ is not installed). The demo
 # trains its small model once into demo_out/ and reloads it on later runs

@@ -11,6 +11,10 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
+import sharding
+
 # Four host devices (the partitioning tests' 2 x 2 mesh); must precede the
 # first `import jax` of the session.
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
@@ -46,21 +50,33 @@ T5X_HINT = ('T5X tests skipped: T5X is not installed. Install it per '
             'T5X_WHEELS=<folder of t5x wheels>`) to run them.')
 
 
-# The slowest modules, slowest first (T5X binaries in subprocesses, the
-# tools' end-to-end runs, the kernel's narrower builds, ...), so that with
-# pytest-xdist (`make test`) each worker takes the next longest when it is
-# free and neither is left running a long one alone at the end. Matched by
-# file name, wherever the file sits (tests/tools/ holds the tools' tests).
-SLOW_FIRST = ('test_t5x_binaries.py', 'test_t5x_binaries_encoder_decoder.py',
-              'test_paper_table.py', 'test_cpu_matmul.py', 'test_bench.py',
-              'test_fuzz.py', 'test_gin_configs.py', 'test_readme_commands.py',
-              'test_demo.py', 'test_t5x_model.py', 'test_encoder_decoder.py',
-              'test_network.py', 'test_t5x_encoder_decoder_model.py')
+def pytest_addoption(parser):
+  parser.addoption(
+      '--shard', default=None, metavar='K/N',
+      help='run the K-th of N disjoint parts of the suite (tests/sharding.py)')
 
 
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+def pytest_configure(config):
+  if config.getoption('shard'):
+    try:
+      sharding.parse_shard(config.getoption('shard'))
+    except ValueError as e:
+      raise pytest.UsageError(str(e)) from None
+
+
+def pytest_collection_modifyitems(config, items):
+  """Slowest modules first (T5X binaries, the tools' end-to-end runs, the
+  kernel's narrower builds, ...), so that with pytest-xdist (`make test`)
+  each worker takes the next longest when it is free and neither is left
+  running a long one alone at the end; with --shard, this shard's alone."""
+  items.sort(key=lambda item: -sharding.MODULE_SECONDS.get(item.path.name, 0))
+  if config.getoption('shard'):
+    shard, num_shards = sharding.parse_shard(config.getoption('shard'))
+    shards = sharding.assign([item.path.name for item in items], num_shards)
+    dropped = [item for item in items if shards[item.path.name] != shard]
+    if dropped:
+      config.hook.pytest_deselected(items=dropped)
+      items[:] = [item for item in items if shards[item.path.name] == shard]
 
 
 def pytest_sessionfinish(session, exitstatus):
