@@ -71,8 +71,21 @@ def _per_row(x: Array, batch_ndim: int, row_fn) -> Array:
 
 def _int8_scale(module: nn.Module, weight: Array, name: str
                 ) -> Optional[Array]:
-  """The float32 scales of an int8 `weight` (the param `name`), else None."""
+  """The float32 scales of an int8 `weight` (the param `name`), else None.
+
+  Raises:
+    ValueError: naming the parameter, for a scale beside a weight that is
+      not int8 (quantized parameters cast to a float dtype would multiply
+      by the integers and ignore the scales).
+  """
   if weight.dtype != jnp.int8:
+    if module.has_variable('params', name):
+      raise ValueError(
+          f'{"/".join(module.path)}: {name!r} stands beside a {weight.dtype} '
+          'weight, which must be int8: these are quantized parameters cast '
+          'to another dtype. Decode the int8 parameters of '
+          't5x_speed.quantize.quantize_int8 as they are, or its '
+          'dequantize() for float weights.')
     return None
   scale = module.get_variable('params', name)
   if scale is None:

@@ -5,8 +5,8 @@ int8 weights read a quarter of float32's. `quantize_int8` turns a model's
 parameters into int8 once, when they are loaded for decoding: every Dense
 kernel [..., K, N] (scaled per column, its output channel) and the token
 embedding table [..., V, E] (scaled per row: the classifier's output channel
-and the embedded token's). Norm scales and the relative position bias stay
-float32. Each weight w becomes q = round(w / s) in [-127, 127] with
+and the embedded token's). Norm scales, the relative position bias and exit
+adapters stay float32. Each weight w becomes q = round(w / s) in [-127, 127] with
 s = max |w| / 127 over its channel, stored as `<name>` (int8) with
 `<name>_scale` (float32) beside it, which `t5x_speed.layers` reads: every
 pass multiplies the widened weights in float32 and scales each finished sum
@@ -58,10 +58,17 @@ def check_decode_weights(value: str, name: str = 'decode_weights') -> None:
 
 
 def _channel_scales(w, axis: int):
-  """(int8 q, float32 scales) of `w`, one scale per channel (over `axis`)."""
+  """(int8 q, float32 scales) of `w`, one scale per channel (over `axis`).
+
+  A channel holding NaN or inf gets a NaN scale: int8 cannot hold the value,
+  and every product with the channel stays NaN, as the float weight's would,
+  where `inference.check_finite` finds it.
+  """
   w = jnp.asarray(w, jnp.float32)
   amax = jnp.max(jnp.abs(w), axis=axis, keepdims=True)
-  scale = jnp.where(amax > 0, amax / 127.0, 1.0).astype(jnp.float32)
+  scale = jnp.where(jnp.isfinite(amax),
+                    jnp.where(amax > 0, amax / 127.0, 1.0),
+                    jnp.nan).astype(jnp.float32)
   q = jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8)
   return q, jnp.squeeze(scale, axis)
 

@@ -224,6 +224,35 @@ class Int8SpeedEqualsGreedyTest(parameterized.TestCase):
                                        eos_id=-1).tokens
     np.testing.assert_array_equal(run(q), run(quantize.dequantize(q)))
 
+  def test_non_finite_weights_stay_visible_and_cast_params_raise(self):
+    """A NaN weight gives its channel a NaN scale (check_finite names it;
+    decoding gives NaN scores, as the float model does), and quantized
+    parameters cast to float32 are refused, naming the scale."""
+    module, params = random_model(2, 3, 'cycle', 2, 40)
+    wo = params['decoder']['layers_1']['mlp']['wo']
+    wo['kernel'] = wo['kernel'].at[3, 5].set(jnp.nan)
+    q = quantize.quantize_int8(params)
+    scale = q['decoder']['layers_1']['mlp']['wo']['kernel_scale']
+    self.assertEqual(np.isnan(np.asarray(scale)).tolist(),
+                     [i == 5 for i in range(scale.shape[0])])
+    with self.assertRaisesRegex(ValueError, r"layers_1.*'wo'.*kernel_scale"):
+      inference.check_finite(q)
+    prompts = jnp.asarray(np.random.RandomState(5).randint(2, 40, (2, 5)))
+    lengths = jnp.asarray([5, 3])
+    run = lambda p, **kw: inference.generate(
+        module, p, prompts, lengths, max_decode_steps=12, method='greedy',
+        eos_id=-1, **kw)
+    self.assertTrue(np.all(np.isnan(run(q).scores)))
+    with self.assertRaisesRegex(ValueError, 'non-finite'):
+      run(q, check_params=True)
+    cast = jax.tree.map(lambda x: x.astype(jnp.float32),
+                        quantize.quantize_int8(helpers.tiny_model(
+                            vocab_size=40)[1]))
+    with self.assertRaisesRegex(ValueError, "token_embedder: "
+                                "'embedding_scale' stands beside a float32 "
+                                'weight'):
+      run(cast)
+
 
 if __name__ == '__main__':
   absltest.main()

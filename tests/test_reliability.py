@@ -207,6 +207,13 @@ class TokenIdTest(parameterized.TestCase):
                                    eos_id=-1)
     plain = inference.generate(*args, max_decode_steps=3, eos_id=-1)
     np.testing.assert_array_equal(numpy_int.tokens, plain.tokens)
+    # A limit above batch x R shares the program of 'auto'.
+    numpy_rows = inference.generate(*args, max_decode_steps=3, eos_id=-1,
+                                    max_speculative_rows=np.int64(16))
+    np.testing.assert_array_equal(numpy_rows.tokens, plain.tokens)
+    with self.assertRaisesRegex(ValueError, 'max_speculative_rows must be'):
+      inference.generate(*args, max_decode_steps=3,
+                         max_speculative_rows=np.float64(16))
     for bad in (True, 3.0, np.array([3])):
       with self.assertRaisesRegex(ValueError, 'max_decode_steps must be an '
                                   'integer >= 1'):

@@ -54,6 +54,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_speed.config import check_decode_matmul
 from t5x_speed.config import check_kernel_threads
@@ -232,7 +233,8 @@ def max_speculative_rows(value) -> Optional[int]:
   if isinstance(value, str) and value == 'auto':
     return (CPU_MAX_SPECULATIVE_ROWS if jax.default_backend() == 'cpu'
             else None)
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+  if (isinstance(value, (bool, np.bool_)) or
+      not isinstance(value, (int, np.integer)) or value < 1):
     raise ValueError("max_speculative_rows must be 'auto', None or an "
                      f'integer >= 1, got {value!r}.')
-  return value
+  return int(value)
