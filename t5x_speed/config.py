@@ -10,6 +10,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 
+from t5x_speed.exit_adapters import check_exit_adapter_rank
+
 __all__ = ['TransformerConfig', 'SharingOrder', 'DECODE_MATMULS']
 
 # Values of `TransformerConfig.decode_matmul` (see `t5x_speed.cpu.dispatch`).
@@ -91,6 +93,9 @@ class TransformerConfig:
       decoder-only model.
     num_encoder_repeats: how many times the encoder applies its unique
       layers, cyclically (1: an unshared encoder, as T5's).
+    exit_adapter_rank: None (the paper's model), or adapters on the early
+      exits (`t5x_speed.exit_adapters`): 0 for a norm scale per early exit,
+      k >= 1 for a rank-k map too. The final exit has none.
   """
 
   vocab_size: int = 32128
@@ -111,6 +116,7 @@ class TransformerConfig:
   kernel_threads: int = 0
   num_encoder_layers: int = 0
   num_encoder_repeats: int = 1
+  exit_adapter_rank: Optional[int] = None
 
   def __post_init__(self):
     def positive(name):
@@ -155,6 +161,8 @@ class TransformerConfig:
                        f'sequence of names, got {self.mlp_activations!r}.')
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
     check_decode_matmul(self.decode_matmul, 'TransformerConfig.decode_matmul')
+    check_exit_adapter_rank(self.exit_adapter_rank,
+                            'TransformerConfig.exit_adapter_rank')
     check_kernel_threads(self.kernel_threads,
                          'TransformerConfig.kernel_threads')
 

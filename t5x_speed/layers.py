@@ -38,8 +38,8 @@ from t5x_speed.position_bias import relative_position_bucket
 
 __all__ = ['Dense', 'dense_group', 'RMSNorm', 'Mlp', 'Embed',
            'RelativePositionBias', 'relative_position_bucket',
-           'dot_product_attention', 'write_cache', 'cached_attention',
-           'attention', 'move_values', 'NEG_INF']
+           'make_attention_mask', 'dot_product_attention', 'write_cache',
+           'cached_attention', 'attention', 'move_values', 'NEG_INF']
 
 Array = jax.Array
 Numerics = Optional[DecodeNumerics]
@@ -303,6 +303,26 @@ class Embed(nn.Module):
     else:
       scores = jnp.dot(query, table.T)
     return scores if scale == 1.0 else scores * np.float32(scale)
+
+
+def make_attention_mask(target_tokens: Array,
+                        causal_attention: Optional[Array] = None,
+                        segment_ids: Optional[Array] = None) -> Array:
+  """Training mask, as T5X's `make_decoder_mask`: [batch, 1, length, length].
+
+  Causal, except that positions with `causal_attention` = 1 (a prefix-LM's
+  inputs) see each other; padding (token 0) and other segments are masked.
+  """
+  pos = jnp.arange(target_tokens.shape[-1])
+  mask = pos[:, None] >= pos[None, :]                       # [len, len]
+  if causal_attention is not None:
+    bidir = causal_attention.astype(bool)
+    mask = mask | (bidir[:, :, None] & bidir[:, None, :])   # [batch, len, len]
+  valid = target_tokens > 0
+  mask = mask & valid[:, :, None] & valid[:, None, :]
+  if segment_ids is not None:
+    mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+  return mask[:, None]
 
 
 def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,

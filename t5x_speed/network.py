@@ -33,7 +33,7 @@ Example:
   (3, 1, 4, 16)
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import flax
 from flax import linen as nn
@@ -43,9 +43,11 @@ import numpy as np
 
 from t5x_speed import blocks
 from t5x_speed import cpu
+from t5x_speed import exit_adapters
 from t5x_speed import layers
 # Gin binds the architecture as `network.TransformerConfig`.
 from t5x_speed.config import TransformerConfig
+from t5x_speed.layers import make_attention_mask
 
 __all__ = ['SpeedTransformer', 'Decoder', 'KVCache', 'TransformerConfig',
            'make_attention_mask', 'step_numerics']
@@ -92,26 +94,6 @@ class KVCache:
     return self.keys[0].shape[3]
 
 
-def make_attention_mask(target_tokens: Array,
-                        causal_attention: Optional[Array] = None,
-                        segment_ids: Optional[Array] = None) -> Array:
-  """Training mask, as T5X's `make_decoder_mask`: [batch, 1, length, length].
-
-  Causal, except that positions with `causal_attention` = 1 (a prefix-LM's
-  inputs) see each other; padding (token 0) and other segments are masked.
-  """
-  pos = jnp.arange(target_tokens.shape[-1])
-  mask = pos[:, None] >= pos[None, :]                       # [len, len]
-  if causal_attention is not None:
-    bidir = causal_attention.astype(bool)
-    mask = mask | (bidir[:, :, None] & bidir[:, None, :])   # [batch, len, len]
-  valid = target_tokens > 0
-  mask = mask & valid[:, :, None] & valid[:, None, :]
-  if segment_ids is not None:
-    mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
-  return mask[:, None]
-
-
 class Decoder(nn.Module):
   """G unique layers applied R times, with a shared exit after each repetition.
 
@@ -135,6 +117,9 @@ class Decoder(nn.Module):
     self.layers = [blocks.DecoderLayer(cfg)
                    for _ in range(cfg.num_unique_layers)]
     self.decoder_norm = layers.RMSNorm(dtype=cfg.dtype)
+    if cfg.exit_adapter_rank is not None:
+      self.exit_adapters = exit_adapters.ExitAdapters(
+          cfg.num_repeats, cfg.exit_adapter_rank, cfg.dtype)
     if not cfg.logits_via_embedding:
       self.logits_dense = layers.Dense((cfg.vocab_size,), dtype=jnp.float32,
                                        kernel_axes=('embed', 'vocab'))
@@ -199,14 +184,20 @@ class Decoder(nn.Module):
 
   def exit_logits(self, x: Array, deterministic: bool = True,
                   vocab_limit: Optional[int] = None,
-                  numerics: layers.Numerics = None) -> Array:
+                  numerics: layers.Numerics = None,
+                  exit_index: Union[None, int, str] = None) -> Array:
     """The shared classifier: final norm + (tied) logits, [..., vocab] f32.
 
     With `vocab_limit` only the first `vocab_limit` token ids are scored;
-    `numerics`: a decode step's (None: XLA's dot).
+    `numerics`: a decode step's (None: XLA's dot). `exit_index`: which exit
+    `x` feeds, for the early exits' adapters (`exit_adapters`): 0..R-1,
+    'slots' (x [..., S, emb] holds exit s in slot s), or None for the
+    final exit; without adapters every exit computes alike.
     """
-    y = self.dropout(self.decoder_norm(x, numerics),
-                     deterministic=deterministic)
+    y = self.decoder_norm(x, numerics)
+    if self.config.exit_adapter_rank is not None and exit_index is not None:
+      y = self.exit_adapters(y, exit_index)
+    y = self.dropout(y, deterministic=deterministic)
     if self.config.logits_via_embedding:
       # T5X's 1/sqrt(emb) of tied logits, as the float32 multiply XLA makes
       # of its division by jnp.sqrt(emb); the kernel applies it as it stores.
@@ -280,7 +271,7 @@ class Decoder(nn.Module):
       if all_exits or r == cfg.num_repeats - 1:
         y = x if exit_positions is None else jnp.take_along_axis(
             x, exit_positions[..., None], axis=1)
-        exits.append(self.exit_logits(y, deterministic))
+        exits.append(self.exit_logits(y, deterministic, exit_index=r))
     return jnp.stack(exits) if all_exits else exits[-1]
 
   # -- cached decoding -------------------------------------------------------
@@ -338,7 +329,8 @@ class Decoder(nn.Module):
                                        self._layer_cross(cross, v_layer))
         keys[j].append(to_cache(k))
         values[j].append(to_cache(v))
-      exits.append(self.exit_logits(jnp.take_along_axis(x, last, axis=1)[:, 0]))
+      exits.append(self.exit_logits(
+          jnp.take_along_axis(x, last, axis=1)[:, 0], exit_index=r))
     cache = KVCache(keys=tuple(jnp.stack(k) for k in keys),
                     values=tuple(jnp.stack(v) for v in values))
     if cross is not None:
@@ -450,14 +442,13 @@ class Decoder(nn.Module):
         y = y.at[:, idx].set(out)
       x = y
     cache = cache.replace(keys=tuple(keys), values=tuple(values))
-    vocab = cfg.vocab_size
-    if speculative_vocab_size is None or speculative_vocab_size >= vocab:
-      return self.exit_logits(x, numerics=numerics), x, cache
-    speculative = self.exit_logits(x[:, :-1],
-                                   vocab_limit=speculative_vocab_size,
-                                   numerics=numerics)
-    speculative = jnp.pad(speculative, ((0, 0), (0, 0),
-                                        (0, vocab - speculative_vocab_size)),
+    short, vocab = speculative_vocab_size, cfg.vocab_size
+    if short is None or short >= vocab:
+      return (self.exit_logits(x, numerics=numerics, exit_index='slots'), x,
+              cache)
+    speculative = jnp.pad(self.exit_logits(
+        x[:, :-1], vocab_limit=short, numerics=numerics, exit_index='slots'),
+                          ((0, 0), (0, 0), (0, vocab - short)),
                           constant_values=-jnp.inf)       # [b, R-1, vocab]
     final = self.exit_logits(x[:, -1:], numerics=numerics)  # [b, 1, vocab]
     return jnp.concatenate([speculative, final], axis=1), x, cache

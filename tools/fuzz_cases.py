@@ -5,7 +5,9 @@ Cases come in groups that share one architecture and one set of shapes
 compilation, not decoding, dominates on a CPU). A group draws G in 1..4, R in
 1..8, a sharing order, vocabulary 17..1000, width 32..256, batch 1..16 and a
 buffer of 2..32 positions (`draw_group`); an encoder-decoder group also 1..3
-encoder layers, applied 1 or 2 times, and 1..24 encoder positions. Each case
+encoder layers, applied 1 or 2 times, and 1..24 encoder positions; half the
+groups with R > 1 put exit adapters of rank 0, 1, 4 or 8 on the early exits
+(`t5x_speed.exit_adapters`). Each case
 draws fresh weights, prompts and limits (`run_cases`):
 
 * weights: one of four `VARIANTS`, scaling the residual branches (attention
@@ -25,6 +27,7 @@ draws fresh weights, prompts and limits (`run_cases`):
 
 import dataclasses
 import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +35,7 @@ import numpy as np
 
 from t5x_speed import decoding
 from t5x_speed import encoder_decoder
+from t5x_speed import exit_adapters
 from t5x_speed import inference
 from t5x_speed import network
 from t5x_speed.cpu import build
@@ -66,6 +70,7 @@ class Group:
   encoder_layers: int = 0     # 0: a decoder-only model
   encoder_repeats: int = 1
   encoder_length: int = 0
+  exit_adapter_rank: Optional[int] = None
 
   def config(self) -> network.TransformerConfig:
     return network.TransformerConfig(
@@ -74,7 +79,8 @@ class Group:
         num_unique_layers=self.g, num_repeats=self.r, sharing=self.sharing,
         dtype=self.dtype, relpos_num_buckets=8, relpos_max_distance=32,
         num_encoder_layers=self.encoder_layers,
-        num_encoder_repeats=self.encoder_repeats)
+        num_encoder_repeats=self.encoder_repeats,
+        exit_adapter_rank=self.exit_adapter_rank)
 
   def cases_per_call(self) -> int:
     """Cases one vmapped call decodes (bounded by `CALL_CELLS`)."""
@@ -103,6 +109,9 @@ def draw_group(rng: np.random.RandomState, dtype: str,
         encoder_repeats=rng.randint(1, 3), encoder_length=rng.randint(1, 25))
   elif family != 'decoder_only':
     raise ValueError(f'family must be one of {FAMILIES}, got {family!r}.')
+  adapters, rank = rng.rand() < 0.5, int(rng.choice([0, 1, 4, 8]))
+  if adapters and group.r > 1:
+    group = dataclasses.replace(group, exit_adapter_rank=rank)
   return group
 
 
@@ -121,6 +130,8 @@ def draw_params(shapes, rng: np.random.Generator, gains: np.ndarray):
     x = rng.standard_normal((count,) + leaf.shape, dtype=np.float32)
     if 'scale' in names:
       x = 1.0 + 0.1 * x
+    elif exit_adapters.SCOPE in names:   # down and up maps
+      x /= np.sqrt(leaf.shape[-2])
     elif 'kernel' in names:
       x /= np.sqrt(leaf.shape[0])
       if any(n in RESIDUAL_OUTPUTS for n in names):

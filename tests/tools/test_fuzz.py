@@ -7,8 +7,9 @@ SPEED == greedy in every row, compiled as `generate` compiles and with XLA's
 default precision. Encoder-decoder models get the same: 100
 float32 cases in 2 groups (random encoders, encoder lengths and padding) and
 20 bfloat16 cases on the kernel path. 25 float32 cases of int8-quantized
-decoder-only models likewise. The runner itself must catch a broken SPEED
-and tell a near-tie from a real bug.
+decoder-only models likewise. Exit adapters sit on one float32 group, the
+int8 group and the encoder-decoder bf16 group. The runner itself must catch
+a broken SPEED and tell a near-tie from a real bug.
 """
 
 import dataclasses
@@ -40,7 +41,7 @@ ENCDEC_SLICE = dict(cases=100, seed=0, cases_per_group=50, dtype='float32',
 ENCDEC_BF16 = fuzz_cases.Group(g=2, r=2, sharing='cycle', vocab=61, width=64,
                                heads=2, mlp=96, batch=3, length=10,
                                dtype='bfloat16', encoder_layers=2,
-                               encoder_length=9)
+                               encoder_length=9, exit_adapter_rank=2)
 
 
 class FuzzSliceTest(absltest.TestCase):
@@ -53,9 +54,12 @@ class FuzzSliceTest(absltest.TestCase):
     self.assertEqual(report.real_bugs, 0, report.bugs[:10])
     self.assertEqual(report.near_ties, 0, report.ties[:10])
     self.assertEqual(report.exact_rows, report.rows)
-    # The slice exercises what it claims: flushes happen, tokens compared.
+    # The slice exercises what it claims: flushes happen, tokens compared,
+    # exit adapters on one of its groups.
     self.assertGreater(report.flushes, 0)
     self.assertGreater(report.tokens_compared, 1000)
+    self.assertEqual([g.exit_adapter_rank for _, g, _, _ in
+                      fuzz.plan(**SLICE)], [None, 4])
     # --json writes what --merge reads back (a one-shard run).
     path = os.path.join(tempfile.mkdtemp(), 'slice.json')
     self.addCleanup(os.remove, path)
@@ -82,6 +86,9 @@ class FuzzSliceTest(absltest.TestCase):
                       weights='int8', log=print)
     print(report.summary())
     self.assertEqual((report.cases, report.groups), (25, 1))
+    (_, group, _, _), = fuzz.plan(cases=25, seed=2, cases_per_group=25,
+                                  dtype='float32')
+    self.assertEqual(group.exit_adapter_rank, 8)   # int8 beside adapters
     self.assertEqual(report.real_bugs, 0, report.bugs[:10])
     self.assertEqual(report.near_ties, 0, report.ties[:10])
     self.assertEqual(report.exact_rows, report.rows)
