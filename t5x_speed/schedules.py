@@ -4,13 +4,19 @@ T5X's learning-rate functions see the global step, which a finetuning run
 restores from its initial checkpoint (524,288 after the paper's pretraining).
 A warmup written as `constant * linear_warmup` would then be over before the
 first finetuning step; `step_offset = checkpoint_step(path)` makes it count
-from the restored step instead.
+from the restored step instead. An optax optimizer started from a fresh
+state counts its own steps: `warmup_cosine` (gin/runs/finetune_agree.gin,
+the tools' trainer) schedules its rate from them.
 """
 
 import os
 import re
+from typing import Dict
 
-__all__ = ['checkpoint_step', 'total_steps']
+import optax
+
+__all__ = ['checkpoint_step', 'total_steps', 'warmup_cosine',
+           'warmup_cosine_settings']
 
 _CHECKPOINT_DIR = re.compile(r'^checkpoint_(\d+)$')
 
@@ -70,3 +76,24 @@ def total_steps(checkpoint_path: str, finetune_steps: int) -> int:
     raise ValueError(f'finetune_steps must be a positive int, got '
                      f'{finetune_steps!r}.')
   return checkpoint_step(checkpoint_path) + finetune_steps
+
+
+def warmup_cosine_settings(learning_rate: float, steps: int
+                           ) -> Dict[str, float]:
+  """`optax.warmup_cosine_decay_schedule`'s arguments for `steps` steps
+  peaking at `learning_rate`: a linear warmup from 0 over the first tenth,
+  then cosine decay to a twentieth of the peak at the last step.
+
+  >>> warmup_cosine_settings(1e-3, 300)  # doctest: +NORMALIZE_WHITESPACE
+  {'init_value': 0.0, 'peak_value': 0.001, 'warmup_steps': 30,
+   'decay_steps': 300, 'end_value': 5e-05}
+  """
+  return {'init_value': 0.0, 'peak_value': learning_rate,
+          'warmup_steps': max(steps // 10, 1), 'decay_steps': steps,
+          'end_value': learning_rate / 20}
+
+
+def warmup_cosine(learning_rate: float, steps: int) -> optax.Schedule:
+  """The optax schedule of `warmup_cosine_settings`."""
+  return optax.warmup_cosine_decay_schedule(
+      **warmup_cosine_settings(learning_rate, steps))

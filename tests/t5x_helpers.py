@@ -375,6 +375,41 @@ def reverse_task_bindings():
           'USE_CACHED_TASKS = False', 'BATCH_SIZE = 8']
 
 
+def reverse_task_batch(root: str, split: str, length: int = 32):
+  """The `e2e_reverse` task's `split` (`write_reverse_task`) as one
+  unpacked prefix-LM batch, as seqio's DecoderFeatureConverter makes it."""
+  import sentencepiece  # pylint: disable=g-import-not-at-top
+  spm = sentencepiece.SentencePieceProcessor(
+      model_file=os.path.join(root, 'spm.model'))
+  with open(os.path.join(root, f'{split}.tsv')) as f:
+    pairs = [line.rstrip('\n').split('\t') for line in f]
+  fields = {k: np.zeros((len(pairs), length), np.int32) for k in (
+      'decoder_target_tokens', 'decoder_input_tokens',
+      'decoder_causal_attention', 'decoder_loss_weights')}
+  for b, (inputs, targets) in enumerate(pairs):
+    prompt = spm.encode(inputs) + [1]
+    seq = prompt + spm.encode(targets) + [1]
+    fields['decoder_target_tokens'][b, :len(seq)] = seq
+    fields['decoder_input_tokens'][b, 1:len(seq)] = seq[:-1]
+    fields['decoder_causal_attention'][b, :len(prompt) + 1] = 1
+    fields['decoder_loss_weights'][b, len(prompt):len(seq)] = 1
+  return {k: jnp.asarray(v) for k, v in fields.items()}
+
+
+def teacher_forced_flips(module, params, batch):
+  """Per stage 2..R, how many target tokens' exit predictions differ from
+  the previous exit's, teacher-forced on a prefix-LM `batch`."""
+  logits = jax.jit(module.apply, static_argnames='enable_dropout')(
+      {'params': params}, batch['decoder_input_tokens'],
+      batch['decoder_target_tokens'],
+      decoder_causal_attention=batch['decoder_causal_attention'],
+      enable_dropout=False)
+  preds = np.asarray(jnp.argmax(logits, -1))
+  weights = np.asarray(batch['decoder_loss_weights']) > 0
+  return [int(np.sum((preds[i] != preds[i - 1]) & weights))
+          for i in range(1, len(preds))]
+
+
 def checkpoint_params(path):
   """The parameters saved in checkpoint directory `path` (T5X's Orbax
   format)."""

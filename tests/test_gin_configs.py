@@ -19,6 +19,7 @@ import t5x.eval  # pylint: disable=g-import-not-at-top
 import t5x.infer
 import t5x.train
 
+from t5x_speed import exit_adapters
 from t5x_speed import models
 from t5x_speed import steps
 from t5x_speed.tasks import sources
@@ -37,6 +38,10 @@ RUNS_ONE_PER_CLASS = ('decoder_only/speed_4x3.gin', 'decoder_only/base_2l.gin',
                       'encoder_decoder/speed_4x3.gin',
                       'encoder_decoder/base_2l.gin')
 RUN_FILES = sorted((GIN / 'runs').glob('*.gin'))
+# The paper's finetuning runs, one task or mixture each (finetune_agree.gin
+# is a run of its own: exits trained to agree).
+PAPER_FINETUNE_FILES = [f for f in RUN_FILES if f.name.startswith(
+    'finetune_') and f.name != 'finetune_agree.gin']
 DECODING_FILES = sorted((GIN / 'decoding').glob('*.gin'))
 # Decoding files that give greedy's tokens; the others (beam search, sampling)
 # decode num_decodes sequences per example.
@@ -177,7 +182,8 @@ class GinConfigTest(parameterized.TestCase):
     self.assertEqual(batch['decoder_target_tokens'].shape, (16, 136))
 
   @parameterized.parameters(*[f.name for f in RUN_FILES
-                              if f.name.startswith(('pretrain', 'finetune_'))])
+                              if f.name.startswith('pretrain')] +
+                            [f.name for f in PAPER_FINETUNE_FILES])
   def test_paper_training_run(self, name):
     self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin',
                 GIN / 'runs' / name,
@@ -227,9 +233,8 @@ class GinConfigTest(parameterized.TestCase):
     # The same run files: the model class brings seqio's
     # EncDecFeatureConverter, and the data pipeline reaches the task's source.
     import seqio  # pylint: disable=g-import-not-at-top
-    finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune_')]
-    self.assertLen(finetune_files, 5)
-    for run_file in finetune_files:
+    self.assertLen(PAPER_FINETUNE_FILES, 5)
+    for run_file in PAPER_FINETUNE_FILES:
       self._parse(GIN / 'models' / 'encoder_decoder' / 'speed_4x3.gin',
                   run_file,
                   bindings=["INITIAL_CHECKPOINT_PATH = "
@@ -248,8 +253,7 @@ class GinConfigTest(parameterized.TestCase):
           next(iter(dataset))
 
   def test_one_flag_switches_on_exit_agreement(self):
-    finetune_files = [f for f in RUN_FILES if f.name.startswith('finetune')]
-    self.assertLen(finetune_files, 6)
+    finetune_files = [GIN / 'runs' / 'finetune.gin'] + PAPER_FINETUNE_FILES
     for run_file in finetune_files:
       for bindings, want in (([], (0.0, 'distribution')),
                              (['EXIT_AGREEMENT = 0.3'], (0.3, 'distribution')),
@@ -263,6 +267,51 @@ class GinConfigTest(parameterized.TestCase):
         self.assertEqual(
             (model._exit_agreement, model._exit_agreement_target), want,
             (run_file.name, bindings))
+
+  def test_finetune_agree_trains_exit_adapters_or_everything(self):
+    checkpoint = "INITIAL_CHECKPOINT_PATH = '/ckpt/ft/checkpoint_786432'"
+    for family in ('decoder_only', 'encoder_decoder'):
+      self._parse(GIN / 'models' / family / 'speed_4x3.gin',
+                  GIN / 'runs' / 'finetune_agree.gin',
+                  bindings=[TASK, checkpoint])
+      model = self._model()
+      self.assertEqual((model._exit_agreement, model._exit_agreement_target,
+                        model.config.exit_adapter_rank,
+                        model.config.dropout_rate), (1.0, 'argmax', 16, 0.0))
+      self.assertEqual(self._built('train_script.train.total_steps'),
+                       786432 + 300)
+      restore = self._built('utils.CheckpointConfig.restore')
+      self.assertTrue(restore.fallback_to_scratch)
+      self.assertEqual(restore.assignment_map,
+                       ((r'state/param_states.*', None),))
+    # AdamW from a fresh state on the adapters alone: their rate warms up
+    # over 30 steps to 1e-3 and decays to 5e-5; every other update is 0.
+    optimizer = self._built('OPTIMIZER/macro.value').optax_optimizer
+    params = {'decoder': {'layers_0': {'w': np.ones(3, np.float32)},
+                          'exit_adapters': {'scale': np.ones(3, np.float32)}}}
+    state = optimizer.init(params)
+    grads = jax.tree.map(np.ones_like, params)
+    for step in range(31):
+      updates, state = optimizer.update(grads, state, params)
+    self.assertEqual(np.abs(updates['decoder']['layers_0']['w']).max(), 0)
+    # AdamW's first moments are 1 here: the update is the rate (+ decay).
+    np.testing.assert_allclose(
+        -updates['decoder']['exit_adapters']['scale'], 1e-3 * 1.01,
+        rtol=1e-4)
+    self._parse(GIN / 'models' / 'decoder_only' / 'speed_4x3.gin',
+                GIN / 'runs' / 'finetune_agree.gin',
+                bindings=[TASK, checkpoint, "TRAINABLE = 'all'",
+                          'EXIT_ADAPTER_RANK = None', 'EXIT_AGREEMENT = 0.3'])
+    self.assertIsNone(self._model().config.exit_adapter_rank)
+    optimizer = self._built('OPTIMIZER/macro.value').optax_optimizer
+    state = optimizer.init(params)
+    for step in range(2):   # the first update's rate is 0
+      updates, state = optimizer.update(grads, state, params)
+    self.assertGreater(np.abs(updates['decoder']['layers_0']['w']).min(), 0)
+    with self.assertRaisesRegex(ValueError, 'trainable must be one of'):
+      exit_adapters.param_labels('adapters')
+    with self.assertRaisesRegex(ValueError, 'no exit adapters'):
+      exit_adapters.param_labels('exit_adapters')({'decoder': {'w': 1.0}})
 
   def test_eval_and_infer_run_files(self):
     for name in ('eval.gin', 'infer.gin'):

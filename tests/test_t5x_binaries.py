@@ -22,7 +22,10 @@ trained here). From it:
   statistics, and per-exit metrics) and decoded by `t5x.infer` once with
   SPEED and once with greedy decoding: the prediction files must be
   identical, and SPEED's statistics are written as metrics; then with T5X's
-  beam search and multi-sample decoding, and with exact SPEED sampling.
+  beam search and multi-sample decoding, and with exact SPEED sampling;
+* t5x_speed/gin/runs/finetune_agree.gin adds exit adapters to it and trains
+  them alone: the rest is kept bit for bit, the exits flip less, and SPEED
+  on the result decodes greedy's predictions.
 
 Skipped when T5X is absent (it is not on PyPI).
 """
@@ -54,6 +57,8 @@ import t5x_helpers as th  # pylint: disable=g-import-not-at-top
 
 STEPS = 30      # T5X's model
 FT_STEPS = 4    # the shared model's finetuning, after its one warm-start step
+AGREE_STEPS = 20  # runs/finetune_agree.gin's exit adapters, after that
+AGREE_RANK = 4
 SIZES = dict(vocab_size=128, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64)
 LAYERS = 3
 # T5X's own gin files, by path: T5X ships them as data, not as packages.
@@ -124,6 +129,8 @@ class StockBinariesTest(absltest.TestCase):
                                        f'checkpoint_{STEPS + 1}')
     cls.ft_checkpoint = os.path.join(root, 'finetune',
                                      f'checkpoint_{STEPS + 1 + FT_STEPS}')
+    cls.agree_checkpoint = os.path.join(
+        root, 'agree', f'checkpoint_{STEPS + 1 + FT_STEPS + AGREE_STEPS}')
     # The binaries that read the checkpoint start now, two at a time (each
     # keeps about one core busy importing and tracing); the finetuning waits
     # for the warm start. Each test waits for its own runs and raises their
@@ -131,7 +138,9 @@ class StockBinariesTest(absltest.TestCase):
     cls.pool = futures.ThreadPoolExecutor(2)
     cls.runs = {name: cls.pool.submit(run) for name, run in (
         ('warm_start', cls._warm_start), ('infer_t5x', cls._infer_t5x),
-        ('infer_ours', cls._infer_ours), ('finetune', cls._finetune))}
+        ('infer_ours', cls._infer_ours), ('finetune', cls._finetune),
+        ('infer_greedy', cls._infer_greedy),
+        ('agree', cls._finetune_agree))}
 
   @classmethod
   def tearDownClass(cls):
@@ -181,6 +190,38 @@ class StockBinariesTest(absltest.TestCase):
             f"MODEL_DIR = '{cls.root}/finetune'",
             f"INITIAL_CHECKPOINT_PATH = '{cls.warm_checkpoint}'",
             f'FINETUNE_STEPS = {FT_STEPS}'])
+
+  @classmethod
+  def _infer_greedy(cls):
+    """The finetuned model's greedy predictions (SPEED's must equal them)."""
+    cls.runs['finetune'].result()
+    out = os.path.join(cls.root, 'infer_greedy')
+    th.run_t5x(
+        cls.server, 'infer', [MODEL, 't5x_speed/gin/runs/infer.gin'],
+        _our_bindings(cls.root) + [
+            f"CHECKPOINT_PATH = '{cls.ft_checkpoint}'",
+            f"INFER_OUTPUT_DIR = '{out}'",
+            'utils.DatasetConfig.batch_size = 4',
+            'DECODING_FN = @decoding.greedy_decode'])
+    return th.prediction_rows(out)
+
+  @classmethod
+  def _finetune_agree(cls):
+    cls.runs['finetune'].result()
+    th.run_t5x(
+        cls.server, 'train', [MODEL, 't5x_speed/gin/runs/finetune_agree.gin'],
+        _our_bindings(cls.root) + th.TRAIN_SEEDS + [
+            f"MODEL_DIR = '{cls.root}/agree'",
+            f"INITIAL_CHECKPOINT_PATH = '{cls.ft_checkpoint}'",
+            f'FINETUNE_STEPS = {AGREE_STEPS}',
+            f'EXIT_ADAPTER_RANK = {AGREE_RANK}', 'LEARNING_RATE = 1e-2'])
+    th.run_t5x(
+        cls.server, 'infer', [MODEL, 't5x_speed/gin/runs/infer.gin'],
+        _our_bindings(cls.root) + [
+            f"CHECKPOINT_PATH = '{cls.agree_checkpoint}'",
+            f"INFER_OUTPUT_DIR = '{cls.root}/infer_agree'",
+            f'EXIT_ADAPTER_RANK = {AGREE_RANK}',
+            'utils.DatasetConfig.batch_size = 2'])
 
   def test_restores_into_base_12l_and_decodes_as_t5x(self):
     # Scores: the restored parameters in both models (while the binaries
@@ -247,7 +288,6 @@ class StockBinariesTest(absltest.TestCase):
     # 4 x 2 samples x R rows need the explicit binding.
     decodings = {  # name: (extra gin files, extra bindings)
         'speed': ([], ['utils.DatasetConfig.batch_size = 2']),
-        'greedy': ([], ['DECODING_FN = @decoding.greedy_decode']),
         'beam_search': (['decoding/beam_search.gin'], []),
         'sample': (['decoding/sample.gin'], []),
         'speed_sample': (['decoding/speed_sample.gin'],
@@ -273,7 +313,8 @@ class StockBinariesTest(absltest.TestCase):
                 f"CHECKPOINT_PATH = '{checkpoint}'",
                 f"EVAL_OUTPUT_DIR = '{eval_dir}'"]),
         *[functools.partial(infer, name) for name in decodings])
-    predictions = dict(zip(decodings, results[1:]))
+    predictions = dict(zip(decodings, results[1:]),
+                       greedy=self.runs['infer_greedy'].result())
     # t5x.eval: the task metric with SPEED's statistics over the split
     # (tasks/metrics.py), and each exit's loss, accuracy and flip rate from
     # the training evaluator.
@@ -344,6 +385,39 @@ class StockBinariesTest(absltest.TestCase):
         self.assertIsInstance(row['prediction'], str)
         self.assertBetween(row['aux']['scores'], -1e6, 0.0)
         self.assertNotIn('speed/num_steps', row['aux'])
+
+  def test_finetune_agree_trains_the_exit_adapters_alone(self):
+    """runs/finetune_agree.gin adds exit adapters to the finetuned shared
+    model and trains them alone: every parameter of the checkpoint is kept
+    bit for bit, the exits flip less on the task's validation examples, and
+    SPEED decodes the result as greedy decoded the checkpoint."""
+    self.runs['agree'].result()
+    before = th.checkpoint_params(self.ft_checkpoint)
+    after = th.checkpoint_params(self.agree_checkpoint)
+    adapters = after['decoder'].pop('exit_adapters')
+    self.assertEqual([p for p, _ in th.tree_leaves(after)],
+                     [p for p, _ in th.tree_leaves(before)])
+    for (path, a), (_, b) in zip(th.tree_leaves(after),
+                                 th.tree_leaves(before)):
+      np.testing.assert_array_equal(a, b, err_msg=path)
+    self.assertEqual(adapters['down'].shape, (2, SIZES['emb_dim'],
+                                              AGREE_RANK))
+    self.assertFalse(np.all(adapters['up'] == 0))
+    batch = th.reverse_task_batch(self.root, 'validation')
+    module = network.SpeedTransformer(network.TransformerConfig(
+        num_unique_layers=2, num_repeats=3, dtype='float32',
+        exit_adapter_rank=AGREE_RANK, **SIZES))
+    untrained = {**adapters, 'scale': np.ones_like(adapters['scale']),
+                 'up': np.zeros_like(adapters['up'])}
+    flips = [th.teacher_forced_flips(module, {'decoder': {
+        **after['decoder'], 'exit_adapters': a}}, batch)
+             for a in (untrained, adapters)]
+    self.assertLess(sum(flips[1]), sum(flips[0]), flips)
+    greedy = self.runs['infer_greedy'].result()
+    speed = th.prediction_rows(os.path.join(self.root, 'infer_agree'))
+    text = lambda rows: [(r['inputs'], r['prediction']) for r in rows]
+    self.assertEqual(text(speed), text(greedy))
+    self.assertTrue(all(r['aux']['speed/pipelined'] for r in speed))
 
 
 if __name__ == '__main__':

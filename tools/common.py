@@ -3,10 +3,12 @@
 Nothing here is specific to one tool: `HelpFormatter` for their command
 lines, `Progress` for the lines that long runs write to stderr, `best_time`
 and `interleaved_passes` for timing, `tokens_until_eos` and
-`produced_count` for decoded rows, `cpu_model` for reports.
+`produced_count` for decoded rows, `cpu_model` for reports, and where
+the committed real-data models are (`MODELS_DIR`).
 """
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -14,6 +16,11 @@ from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 import jax
 import numpy as np
+
+
+# The committed models that learned real text (`make demo-real`).
+MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'figures', 'real_data', 'models')
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter,

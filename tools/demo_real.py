@@ -43,6 +43,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 
 import seqio
 
+from t5x_speed import network
 from tools import common
 from tools import gettext_data
 from tools import paper_table
@@ -51,11 +52,10 @@ from tools import paper_table_eval
 from tools import paper_table_train
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
-MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'figures', 'real_data', 'models')
+MODELS_DIR = common.MODELS_DIR
 
 
-def _from_json(cls, fields: Dict[str, Any]):
+def from_json(cls, fields: Dict[str, Any]):
   """A settings dataclass from its `dataclasses.asdict` read back from
   JSON (whose lists were tuples)."""
   return cls(**{k: tuple(v) if isinstance(v, list) else v
@@ -116,7 +116,7 @@ def rebuild_data(data_dir: str, models_dir: str, manifest: Dict[str, Any]
   models were trained on."""
   os.makedirs(data_dir, exist_ok=True)
   splits, _ = gettext_data.build_pairs(
-      _from_json(gettext_data.Settings, manifest['data']['gettext']))
+      from_json(gettext_data.Settings, manifest['data']['gettext']))
   for name, pairs in splits.items():
     gettext_data.write_split(data_dir, name, pairs)
   shutil.copy(os.path.join(models_dir, 'spm.model'),
@@ -125,22 +125,59 @@ def rebuild_data(data_dir: str, models_dir: str, manifest: Dict[str, Any]
       'train.tsv']
 
 
-def run(args) -> Dict[str, Any]:
-  """The demo's measurements (see the module docstring)."""
-  with open(os.path.join(args.models_dir, 'manifest.json')) as f:
+@dataclasses.dataclass(frozen=True)
+class Committed:
+  """The committed models with the data they were trained on, rebuilt.
+
+  Attributes:
+    models_dir: where the models and their manifest are.
+    manifest: the manifest (`export`).
+    settings: the paper table's settings the models were trained with.
+    vocab: their SentencePiece vocabulary.
+    same_data: whether this machine's catalogs gave the training split the
+      models were trained on.
+  """
+
+  models_dir: str
+  manifest: Dict[str, Any]
+  settings: paper_table.TableSettings
+  vocab: Any
+  same_data: bool
+
+  def model(self, name: Optional[str] = None):
+    """(module, params) of the model `name` of the manifest (default: the
+    shared model the table exported)."""
+    name = name or self.manifest['shared']
+    config = from_json(network.TransformerConfig,
+                        self.manifest['models'][name]['config'])
+    params = paper_table_train.load_params(
+        os.path.join(self.models_dir, f'{name}.msgpack'))
+    return paper_table_train.module_of(config), params
+
+
+def load_committed(models_dir: str, out: str) -> Committed:
+  """Reads the manifest in `models_dir`, rebuilds the data into
+  `<out>/data` and registers the table's task over it."""
+  with open(os.path.join(models_dir, 'manifest.json')) as f:
     manifest = json.load(f)
-  shared = manifest['shared']
-  settings = _from_json(paper_table.TableSettings, manifest['settings'])
-  data_dir = os.path.join(args.out, 'data')
-  same_data = rebuild_data(data_dir, args.models_dir, manifest)
-  paper_table_data.prepare_data(args.out, settings.vocab_size, data_dir,
+  settings = from_json(paper_table.TableSettings, manifest['settings'])
+  data_dir = os.path.join(out, 'data')
+  same_data = rebuild_data(data_dir, models_dir, manifest)
+  paper_table_data.prepare_data(out, settings.vocab_size, data_dir,
                                 lambda _: None)
   vocab = seqio.get_mixture_or_task(paper_table_data.TASK).output_features[
       'targets'].vocabulary
-  config = paper_table.model_config(shared, settings, vocab.vocab_size)
-  module = paper_table_train.module_of(config)
-  params = paper_table_train.load_params(
-      os.path.join(args.models_dir, f'{shared}.msgpack'))
+  return Committed(models_dir, manifest, settings, vocab, same_data)
+
+
+def run(args) -> Dict[str, Any]:
+  """The demo's measurements (see the module docstring)."""
+  committed = load_committed(args.models_dir, args.out)
+  manifest, settings, vocab = (committed.manifest, committed.settings,
+                               committed.vocab)
+  same_data = committed.same_data
+  shared = manifest['shared']
+  module, params = committed.model()
   short = paper_table_data.test_prompts(args.prompts, settings.lengths)
   long = paper_table_data.test_prompts(args.long_prompts,
                                        settings.long_lengths,

@@ -151,16 +151,19 @@ def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
 
 @functools.lru_cache(maxsize=None)
 def _wide_replay(g: int, r: int, encoder_layers: int, width: int,
-                 max_decode_steps: int):
+                 max_decode_steps: int, exit_adapter_rank=None):
   """({method: jitted replay}, params) of the wide GxR model (with an
-  encoder of `encoder_layers`, if any), built and compiled once per shape:
-  every run of a configuration replays on it. 'shallow' is greedy on the
-  model's first repetition (G layers, what an unshared G-layer model
-  costs), the faster of its two numerics."""
+  encoder of `encoder_layers`, if any, and exit adapters of
+  `exit_adapter_rank`), built and compiled once per shape: every run of a
+  configuration replays on it. 'shallow' is greedy on the model's first
+  repetition (G layers, what an unshared G-layer model costs), the faster
+  of its two numerics."""
   wide, wide_params = replay.init_model(dataclasses.replace(
       demo_model.wide_config(g, r, width, vocab_size=BASE_VOCAB),
-      num_encoder_layers=encoder_layers))
-  shallow = type(wide)(dataclasses.replace(wide.config, num_repeats=1))
+      num_encoder_layers=encoder_layers,
+      exit_adapter_rank=exit_adapter_rank))
+  shallow = type(wide)(dataclasses.replace(wide.config, num_repeats=1,
+                                           exit_adapter_rank=None))
   decoder = functools.partial(replay.replay_decoder,
                               max_decode_steps=max_decode_steps)
   return {'speed': decoder('speed', wide), 'greedy': decoder('greedy', wide),
@@ -187,7 +190,7 @@ def replay_speedup(module, params, prompts, lengths, max_decode_steps: int,
     recs.append(replay.replay_record(out, prompts[i:i + 1], lengths[i:i + 1]))
   runs, wide_params = _wide_replay(cfg.num_unique_layers, cfg.num_repeats,
                                    cfg.num_encoder_layers, width,
-                                   max_decode_steps)
+                                   max_decode_steps, cfg.exit_adapter_rank)
   calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
                   for rec in recs] for name, fn in runs.items()}
   seconds, outputs, load = _timed_passes(calls, repeats)

@@ -15,6 +15,7 @@ import functools
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
                     Tuple)
 
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +23,7 @@ import optax
 import tqdm
 
 from t5x_speed import losses
+from t5x_speed import schedules
 
 WEIGHT_DECAY = 0.01
 
@@ -51,11 +53,9 @@ class TrainState:
 
 
 def schedule_settings(recipe: Recipe) -> Dict[str, float]:
-  """The arguments of optax's `warmup_cosine_decay_schedule` for `recipe`."""
-  return {'init_value': 0.0, 'peak_value': recipe.learning_rate,
-          'warmup_steps': max(recipe.steps // 10, 1),
-          'decay_steps': recipe.steps,
-          'end_value': recipe.learning_rate / 20}
+  """The arguments of optax's `warmup_cosine_decay_schedule` for `recipe`
+  (`schedules.warmup_cosine_settings`)."""
+  return schedules.warmup_cosine_settings(recipe.learning_rate, recipe.steps)
 
 
 def forward(module, params, batch, enable_dropout: bool = False,
@@ -106,17 +106,29 @@ def with_exit_positions(batch: Dict[str, np.ndarray], multiple: int = 32
           'exit_weights': take(weights)}
 
 
+def _merge(flat: Dict[Tuple[str, ...], Any], params: Any) -> Any:
+  """`params` (nested) with the leaves of `flat` put in."""
+  return traverse_util.unflatten_dict(
+      {**traverse_util.flatten_dict(params), **flat})
+
+
 def train(module, batches: Iterator[Dict[str, Any]],
           recipe: Recipe, progress_bar: bool = True, desc: str = 'training',
           init_rng: Optional[jax.Array] = None,
           evaluate: Optional[Callable[[TrainState], None]] = None,
           evaluate_every: int = 0,
-          restore: Optional[Callable[[TrainState], TrainState]] = None
+          restore: Optional[Callable[[TrainState], TrainState]] = None,
+          init_params: Any = None,
+          trainable: Optional[Callable[[Tuple[str, ...]], bool]] = None
           ) -> Tuple[Any, List[Dict[str, float]]]:
   """Trains `module` on `batches`; returns (params, history).
 
   The parameters are initialised from `init_rng`, by default
-  `PRNGKey(recipe.seed)`. The history has a record every
+  `PRNGKey(recipe.seed)`; `init_params` (a fine-tune) replaces those it
+  holds, so that only parameters it lacks (e.g. new exit adapters) start
+  fresh. With `trainable`, a predicate on parameter paths (name tuples from
+  the root), only those parameters train, and the others are neither
+  differentiated nor changed. The history has a record every
   `recipe.log_every` steps and at the last: the step, each exit's loss and
   accuracy, flip rates and, with the agreement term on, each early exit's
   A_i (all per target token).
@@ -136,6 +148,17 @@ def train(module, batches: Iterator[Dict[str, Any]],
             else []) + ['decoder_input_tokens', 'decoder_target_tokens']
   params = module.init(init_rng, *(first[k][:1] for k in inputs),
                        enable_dropout=False)['params']
+  if init_params is not None:
+    params = _merge(traverse_util.flatten_dict(dict(init_params)),
+                    dict(params))
+  frozen = {}
+  if trainable is not None:
+    flat = traverse_util.flatten_dict(dict(params))
+    frozen = {p: v for p, v in flat.items() if not trainable(p)}
+    if len(frozen) == len(flat):
+      raise ValueError('trainable selects none of the parameters.')
+    params = traverse_util.unflatten_dict(
+        {p: v for p, v in flat.items() if p not in frozen})
   schedule = optax.warmup_cosine_decay_schedule(**schedule_settings(recipe))
   optimizer = optax.adamw(schedule, weight_decay=WEIGHT_DECAY)
   state = TrainState(0, params, optimizer.init(params), [])
@@ -143,9 +166,10 @@ def train(module, batches: Iterator[Dict[str, Any]],
     state = restore(state)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def train_step(params, opt_state, batch):
+  def train_step(params, opt_state, batch, frozen):
     def loss_fn(p):
-      exit_logits = forward(module, p, batch)   # at the weighted positions
+      # Frozen parameters enter as constants: nothing differentiates them.
+      exit_logits = forward(module, _merge(frozen, p), batch)
       targets, weights = batch['exit_targets'], batch['exit_weights']
       loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
           exit_logits, targets, weights, recipe.exit_weighting)
@@ -169,8 +193,8 @@ def train(module, batches: Iterator[Dict[str, Any]],
                   dynamic_ncols=True, disable=not progress_bar)
   batch = first
   for step in bar:
-    params, opt_state, logs, stats = train_step(params, opt_state,
-                                                with_exit_positions(batch))
+    params, opt_state, logs, stats = train_step(
+        params, opt_state, with_exit_positions(batch), frozen)
     if step < recipe.steps:
       batch = next(batches)
     if step % recipe.log_every == 0 or step == recipe.steps:
@@ -188,9 +212,10 @@ def train(module, batches: Iterator[Dict[str, Any]],
       bar.set_postfix(postfix, refresh=False)
     if evaluate is not None and (step == recipe.steps or (
         evaluate_every and step % evaluate_every == 0)):
-      evaluate(TrainState(step, params, opt_state, history))
+      evaluate(TrainState(step, _merge(frozen, params) if frozen else params,
+                          opt_state, history))
   bar.close()
-  return params, history
+  return _merge(frozen, params), history
 
 
 def exit_consistency(module, params,

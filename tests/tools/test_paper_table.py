@@ -15,6 +15,7 @@ import pytest
 import seqio
 
 from t5x_speed import network
+from tools import agreement_sweep
 from tools import common
 from tools import demo_real
 from tools import gettext_data
@@ -242,6 +243,29 @@ class PaperTableTest(absltest.TestCase):
     self.assertCountEqual(demo['latency_ms_per_token'],
                           ['greedy 2x3', 'SPEED 2x3'])
     self.assertGreater(demo['replay']['short']['vs_shallow'], 0.0)
+
+    # The agreement sweep on the same models: the control and an adapter
+    # setting, two steps each, measured, replayed and reported.
+    sweep_out = tempfile.mkdtemp()
+    self.assertEqual(agreement_sweep.main([
+        '--models_dir', models, '--out', sweep_out, '--settings', '0,6',
+        '--steps', '2', '--replay', '--quiet']), 0)
+    with open(os.path.join(sweep_out, 'agreement_sweep.json')) as f:
+      sweep = json.load(f)
+    names = [agreement_sweep.ORIGINAL] + [
+        dataclasses.replace(agreement_sweep.SWEEP[i], steps=2).name
+        for i in (0, 6)]
+    self.assertEqual(list(sweep['records']), names)
+    for name in names:
+      record = sweep['records'][name]
+      self.assertTrue(record['replay']['test']['identical'], name)
+      self.assertIn('steps_lost_per_token', record['measures']['speed'])
+      self.assertIn(name, sweep['verdicts'])
+    # The adapters leave the final exit, and so the output, as it was.
+    self.assertEqual(sweep['records'][names[2]]['measures']['bleu'],
+                     sweep['records'][names[0]]['measures']['bleu'])
+    self.assertTrue(os.path.exists(os.path.join(sweep_out,
+                                                'agreement_sweep.png')))
 
   def test_committed_model_is_its_manifests(self):
     # What `make demo-real` loads: the committed 4x3, its bytes as the
