@@ -1,19 +1,31 @@
 """The performance record: SPEED against greedy at T5-Base width, side by side.
 
-    python -m tools.bench [--configs 4x3,2x6] [--batch_sizes 1,4,16]
-                          [--lengths short,long] [--out bench_out]
-                          [--records FILE] [--encoder_layers 12] [--quiet]
+    python -m tools.bench [--configs 4x3] [--batch_sizes 1,4,16]
+                          [--lengths short,long] [--exits trained|demo]
+                          [--out bench_out] [--records FILE]
+                          [--encoder_layers 12] [--quiet]
 
 Base-width training is out of reach on a CPU, so the shared models' exits are
-a clearly labelled *replay*: a small model with the same number of stages R is
-trained on the demo task (or reloaded from --demo_out), decodes held-out
-prompts with SPEED while its schedule (live stages, positions, tokens,
-predictions, flushes per step) is recorded, and the Base-width model then
-runs the full computation and control logic of every step with each exit's
-argmax forced to the recorded prediction. The Base model thus takes exactly
-the recorded loop steps and flushes; greedy runs are forced to the same
-tokens. Methods (all in --dtype and --weights, same prompts, interleaved,
-medians):
+a clearly labelled *replay*: a smaller trained model with the same number of
+stages R decodes held-out prompts with SPEED while its schedule (live
+stages, positions, tokens, predictions, flushes per step) is recorded, and
+the Base-width model then runs the full computation and control logic of
+every step with each exit's argmax forced to the recorded prediction. The
+Base model thus takes exactly the recorded loop steps and flushes; greedy
+runs are forced to the same tokens. Whose exits (--exits):
+
+  trained  (the default) the committed 4x3 that learned real text
+           (figures/real_data/models, `make demo-real`): 16 held-out test
+           prompts ('short', median 15 output tokens) and 4 of the long
+           split ('long', about 100), with its BLEU on them; the exits users
+           get from a trained model. Needs seqio, TensorFlow and this
+           machine's gettext catalogs (or --records).
+  demo     a width-64 model trained on the demo task (number spelling,
+           --replay_steps steps, reloaded from --demo_out): exits that agree
+           far more often ('low flips'), and any R (e.g. 2x6); 'short' is one
+           number (~20-45 tokens), 'long' two (~50-90), 16 prompts each.
+
+Methods (all in --dtype and --weights, same prompts, interleaved, medians):
 
   greedy        greedy_decode on the GxR shared model (full depth per token)
   speed         speed_decode on the GxR shared model
@@ -26,11 +38,13 @@ medians):
   greedy_12l    greedy on the unshared 12-layer model
   greedy_float  with --weights int8: greedy on the same model's float weights
   t5x_sample    T5X's decoding.temperature_sample (topk=1), when T5X exists
-  *_xla         with --xla_baseline: greedy, speed, greedy_g, greedy_12l and
-                greedy_float
+  *_xla         with --xla_baseline: greedy, speed, greedy_g, greedy_12l,
+                greedy_float and t5x_sample
                 with decode_matmul='xla' (XLA's dot, not the few-row kernel)
 
-"decode vs best greedy" divides by the faster of greedy and greedy_xla.
+"vs best greedy" divides by the fastest of greedy, t5x_sample and their
+_xla twins (T5X's decode fn counts where T5X is installed; the table says
+when it is not), decoding alone and end to end.
 
 Bytes read per token (weights, plus each virtual layer's KV cache over the
 cache length) divided by a measured memory bandwidth show how close each
@@ -93,16 +107,23 @@ def parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog='python -m tools.bench',
                               description=__doc__,
                               formatter_class=common.HelpFormatter)
-  p.add_argument('--configs', default='4x3,2x6',
+  p.add_argument('--configs', default='4x3',
                  help='comma-separated GxR shared models (G unique layers '
-                 'repeated R times) at T5-Base width.')
+                 'repeated R times) at T5-Base width; with --exits trained, '
+                 'of the trained model\'s R (3).')
+  p.add_argument('--exits', default='trained', choices=('trained', 'demo'),
+                 help='whose exits are replayed: the committed trained '
+                 'model\'s or the demo model\'s (low flips; any R).')
+  p.add_argument('--models_dir', default=common.MODELS_DIR,
+                 help='the trained model of --exits trained (its '
+                 'manifest.json); its data is rebuilt into --out/data.')
   p.add_argument('--batch_sizes', default='1,4,16',
                  help=f'comma-separated batch sizes; each must divide the '
-                 f'{bench_measure.PROMPTS} prompts.')
+                 f'{bench_measure.PROMPTS} short prompts (--exits trained: '
+                 'the long split\'s 4 prompts, or one batch of them).')
   p.add_argument('--lengths', default='short,long',
-                 help='short: one number (~20-45 tokens), long: two (~50-90); '
-                 f'{bench_measure.PROMPTS} prompts each, in batches of each '
-                 'batch size.')
+                 help='prompts of short and long outputs (see --exits), in '
+                 'batches of each batch size.')
   p.add_argument('--repeats', type=int, default=3,
                  help='timed runs of every method; the median is reported.')
   p.add_argument('--speculative_vocab', type=int, default=4096,
@@ -121,9 +142,10 @@ def parser() -> argparse.ArgumentParser:
                  '--dtype.')
   p.add_argument('--replay_steps', type=int,
                  default=demo_model.REPLAY_STEPS,
-                 help='training steps of the demo models whose schedules are '
-                 'replayed; fewer steps leave the exits less consistent '
-                 '(e.g. 150 gives flip rates near the paper\'s 6-17%%).')
+                 help='with --exits demo: training steps of the demo models '
+                 'whose schedules are replayed; fewer steps leave the exits '
+                 'less consistent (e.g. 150 gives flip rates near the '
+                 'paper\'s 6-17%%).')
   p.add_argument('--encoder_layers', type=int, default=0,
                  help='encoder-decoder rows: T5 1.1 Base with an encoder of '
                  'this many layers (12 is T5\'s) and the GxR decoders; the '
@@ -173,12 +195,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           'dtype': args.dtype, 'weights': args.weights,
           'bandwidth_gb_s': bandwidth / 1e9, 'copy_gb_s': copy / 1e9,
           'kernel': (build.isa() if on_cpu else None) or 'off (XLA dot)',
-          'encoder_layers': args.encoder_layers,
-          'replay_steps': args.replay_steps}
+          'encoder_layers': args.encoder_layers, 'exits': args.exits,
+          'replay_steps': args.replay_steps,
+          't5x': bench_measure.t5x_available()}
   print(f'Measured memory bandwidth: {bandwidth / 1e9:.1f} GB/s (reduction), '
         f'{copy / 1e9:.1f} GB/s (copy, read + write). Few-row kernel: '
-        f'{meta["kernel"]}. Exits are replayed from trained demo models (see '
-        '--help).', flush=True)
+        f'{meta["kernel"]}. Exits are replayed from '
+        + ('the committed trained model' if args.exits == 'trained' else
+           'demo models (low flips)') + ' (see --help).', flush=True)
   # A unit of progress: one method's compile or one timed pass over it.
   units = sum(len(bench_measure.method_configs(g, r, args, batch)) *
               (1 + args.repeats) for g, r, batch, _ in groups)

@@ -8,8 +8,10 @@ bytes read per token and their share of the memory bandwidth. See
 """
 
 import functools
+import json
+import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +32,10 @@ PIPELINE_SUFFIX = '_pipeline'
 FLOAT_SUFFIX = '_float'
 # Methods that --xla_baseline times a second time with XLA's dot.
 XLA_BASELINES = ('greedy', 'speed', 'greedy_g', 'greedy_12l',
-                 'greedy' + FLOAT_SUFFIX)
+                 'greedy' + FLOAT_SUFFIX, 't5x_sample')
+# The best greedy is the fastest of these (and of their _xla twins): ours,
+# and T5X's own decode fn at top-k 1 where T5X is installed.
+GREEDY_BASELINES = ('greedy', 't5x_sample')
 
 
 def memory_bandwidth() -> float:
@@ -83,17 +88,23 @@ def method_configs(g: int, r: int, args,
         configs['speed_short' + PIPELINE_SUFFIX] = shared
     configs['greedy_g'] = base(g, 1)
     configs['greedy_12l'] = base(12, 1)
-    try:
-      import t5x.decoding  # pylint: disable=g-import-not-at-top,unused-import
+    if t5x_available():
       configs['t5x_sample'] = shared
-    except ImportError:
-      pass
   if (args.xla_baseline and jax.default_backend() == 'cpu' and
       build.available()):
     for method in XLA_BASELINES:
       if method in configs:
         configs[method + XLA_SUFFIX] = configs[method]
   return configs
+
+
+def t5x_available() -> bool:
+  """Whether T5X is installed: its decode fn is then a greedy baseline."""
+  try:
+    import t5x.decoding  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
 
 
 def replayed_method(method: str) -> str:
@@ -234,22 +245,37 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
   }
 
 
-def best_row(rows: Dict[str, Dict[str, Any]],
-             name: str) -> Optional[Dict[str, Any]]:
-  """The faster, decoding alone, of the rows of `name` and `name`_xla (the
-  kernel's and XLA's dot), if either ran."""
-  found = [rows[m] for m in (name, name + XLA_SUFFIX) if m in rows]
-  return (min(found, key=lambda row: row['decode_ms_per_token_per_sequence'])
-          if found else None)
+def best_row(rows: Dict[str, Dict[str, Any]], names: Sequence[str],
+             key: str = 'decode_tokens_per_second'
+             ) -> Optional[Tuple[str, Dict[str, Any]]]:
+  """(method, row) of the fastest by `key` of the rows of `names` and their
+  `_xla` twins (the kernel's and XLA's dot) that ran, else None.
+
+  >>> best_row({'greedy': {'tokens_per_second': 2.0},
+  ...           'greedy_xla': {'tokens_per_second': 3.0}}, ['greedy'],
+  ...          'tokens_per_second')[0]
+  'greedy_xla'
+  """
+  found = [(m, rows[m]) for name in names
+           for m in (name, name + XLA_SUFFIX) if m in rows]
+  return max(found, key=lambda item: item[1][key]) if found else None
 
 
-def _add_ratios(rows: Dict[str, Dict[str, Any]]):
+def _add_ratios(rows: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
   """Each row against greedy and the G-layer model of its matmul path, and
-  decoding against the best greedy (`best_row`)."""
-  best = best_row(rows, 'greedy')['decode_tokens_per_second']
-  best_float = best_row(rows, 'greedy' + FLOAT_SUFFIX)
+  against the best greedy (`GREEDY_BASELINES`, `best_row`), decoding alone
+  and end to end. Returns which method was the best greedy, each way."""
+  best_name, best_decode = best_row(rows, GREEDY_BASELINES)
+  best_e2e_name, best_e2e = best_row(rows, GREEDY_BASELINES,
+                                     'tokens_per_second')
+  best = best_decode['decode_tokens_per_second']
+  best_float = best_row(rows, ['greedy' + FLOAT_SUFFIX])
+  best_float = best_float and best_float[1]
+  best_g = best_row(rows, ['greedy_g'], 'tokens_per_second')
   for method, row in rows.items():
     row['decode_vs_best_greedy'] = row['decode_tokens_per_second'] / best
+    row['vs_best_greedy'] = (row['tokens_per_second'] /
+                             best_e2e['tokens_per_second'])
     if best_float is not None:
       row['decode_vs_best_float_greedy'] = (
           row['decode_tokens_per_second'] /
@@ -269,42 +295,82 @@ def _add_ratios(rows: Dict[str, Dict[str, Any]]):
                                      g_row['tokens_per_second'])
       row['decode_vs_unshared_g_layers'] = (
           row['decode_tokens_per_second'] / g_row['decode_tokens_per_second'])
+    if best_g is not None:
+      # Latency against the faster path of the unshared G-layer model.
+      row['latency_vs_best_g_layers'] = (best_g[1]['tokens_per_second'] /
+                                         row['tokens_per_second'])
+  return {'decode': best_name, 'end_to_end': best_e2e_name,
+          'g_layers': best_g and best_g[0]}
+
+
+def records_key(r: int, batch: int, length: str, args) -> str:
+  """Where a row group's recorded schedules are kept in --records."""
+  if args.exits == 'demo':
+    return f'R{r}_batch{batch}_{length}_steps{args.replay_steps}'
+  with open(os.path.join(args.models_dir, 'manifest.json')) as f:
+    manifest = json.load(f)
+  shared = manifest['shared']
+  digest = manifest['models'][shared]['sha256'][:10]
+  return f'trained_{shared}_{digest}_batch{batch}_{length}'
+
+
+def _record(r: int, batch: int, length: str, args, sources, log, quiet
+            ) -> List[Dict[str, Any]]:
+  """A row group's schedules, recorded from its source: the committed
+  trained model (--exits trained) or the demo model of R stages."""
+  if args.exits == 'trained':
+    from tools import trained_exits  # pylint: disable=g-import-not-at-top
+    src = trained_exits.source(args.models_dir, args.out)
+    stages = src.module.config.num_repeats
+    if stages != r:
+      raise ValueError(
+          f'--exits trained replays {src.name} ({stages} stages) on models '
+          f'of as many stages; --configs asks for R = {r}: use --exits demo '
+          'for it.')
+    log(f'recording {src.name}\'s SPEED schedules on '
+        f'{trained_exits.prompt_count(length, batch)} {length} prompts')
+    return trained_exits.record_group(src, length, batch)
+  if PROMPTS % batch:
+    raise ValueError(f'batch size {batch} must divide {PROMPTS}.')
+  if r not in sources:
+    sources[r] = replay.demo_schedule_source(
+        r, args.demo_out, args.replay_steps, log=log, quiet=quiet)
+  low, high = LENGTHS[length]
+  prompts, lengths, targets = demo_model.held_out(
+      PROMPTS, split='test', min_numbers=low, max_numbers=high)
+  log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
+  recs = [replay.record(sources[r], prompts[i:i + batch],
+                        lengths[i:i + batch])
+          for i in range(0, PROMPTS, batch)]
+  # What the replayed model learned: its outputs on these prompts.
+  recs[0]['exact_match'] = demo_model.exact_match(
+      [row for rec in recs for row in rec['produced']], targets)
+  return recs
 
 
 def bench_case(g: int, r: int, batch: int, length: str, args, models,
                progress: Optional[common.Progress] = None,
                sources: Optional[Dict[int, Any]] = None) -> Dict[str, Any]:
-  """Times every method on PROMPTS held-out prompts in batches of `batch`.
+  """Times every method on a row group's held-out prompts in batches of
+  `batch` (`--exits`: the committed trained model's schedules or the demo
+  model's).
 
   `models` caches (module, params) by (G, R) across row groups, `sources`
   the trained demo models by R; `progress` gets a line per compile and per
   timed pass and one unit per timed pass.
   """
-  if PROMPTS % batch:
-    raise ValueError(f'batch size {batch} must divide {PROMPTS}.')
   progress = progress or common.Progress('bench', 0, quiet=True)
   log = lambda m: progress.log(f'{g}x{r} batch {batch} {length}: {m}')
   sources = {} if sources is None else sources
-  key = f'R{r}_batch{batch}_{length}_steps{args.replay_steps}'
+  key = records_key(r, batch, length, args)
   recs = replay.load_records(args.records, key) if args.records else None
   if recs is not None:
     log(f'replaying the schedules saved in {args.records}')
   else:
-    if r not in sources:
-      sources[r] = replay.demo_schedule_source(
-          r, args.demo_out, args.replay_steps, log=log, quiet=progress.quiet)
-    low, high = LENGTHS[length]
-    prompts, lengths, targets = demo_model.held_out(
-        PROMPTS, split='test', min_numbers=low, max_numbers=high)
-    log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
-    recs = [replay.record(sources[r], prompts[i:i + batch],
-                          lengths[i:i + batch])
-            for i in range(0, PROMPTS, batch)]
-    # What the replayed model learned: its outputs on these prompts.
-    recs[0]['exact_match'] = demo_model.exact_match(
-        [row for rec in recs for row in rec['produced']], targets)
+    recs = _record(r, batch, length, args, sources, log, progress.quiet)
     if args.records:
       replay.save_records(args.records, key, recs)
+  steps = int(recs[0].get('max_decode_steps', demo_model.LENGTHS['targets']))
   if args.encoder_layers:
     recs = [replay.encoder_decoder_record(rec) for rec in recs]
   configs = method_configs(g, r, args, batch)
@@ -318,10 +384,10 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
     module, params = models[key]
     if method.endswith(XLA_SUFFIX):
       module = replay.with_xla_matmuls(module)
-    prefill = replay.replay_prefill(module)
+    prefill = replay.replay_prefill(module, steps)
     decode = replay.replay_decode(replayed_method(method), module,
                                   args.speculative_vocab,
-                                  max_speculative_rows(method))
+                                  max_speculative_rows(method), steps)
     runs[method] = [BatchRun(prefill, decode, params, rec) for rec in recs]
     log(f'compiling {method}')
     runs[method][0]()
@@ -333,28 +399,34 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
            for w in ('as_given', args.weights)}
   # Positions each row attends to per virtual layer: BOS, prompt and targets
   # (decoder-only), or BOS and targets plus the encoded prompt.
-  cache_length = (recs[0]['prompts'].shape[1] + 1 +
-                  demo_model.LENGTHS['targets'])
+  cache_length = recs[0]['prompts'].shape[1] + 1 + steps
   rows = {method: _method_row(method, configs[method], results, times[method],
                               recs, outputs['greedy'],
                               sizes[weights_of(method, args)], args, batch,
                               cache_length, bandwidth)
           for method, results in outputs.items()}
-  _add_ratios(rows)
+  best = _add_ratios(rows)
   tokens = sum(rec['tokens'] for rec in recs)
   flips = {}
   for key in recs[0]['summary']:
     if key.startswith('flip_rate'):
       flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
-  demo_settings = demo_model.replay_settings(r, args.replay_steps)
   label = f'enc{args.encoder_layers}+{g}x{r}' if args.encoder_layers else (
       f'{g}x{r}')
+  if args.exits == 'demo':
+    demo_settings = demo_model.replay_settings(r, args.replay_steps)
+    source = ('replayed exits of a demo model with '
+              f'{demo_settings.num_unique_layers}x{r} layers trained '
+              f'{args.replay_steps} steps (low flips)')
+  else:
+    source = f'replayed exits of {recs[0]["learned"]["model"]}'
   return {'config': label, 'batch': batch, 'length': length,
+          'exits': args.exits, 'best_greedy': best,
+          'prompts': sum(len(rec['lengths']) for rec in recs),
           'dtype': args.dtype, 'weights': args.weights,
           'bandwidth_probes_gb_s': [p / 1e9 for p in probes],
-          'replay': {'source': 'replayed exits of a demo model with '
-                               f'{demo_settings.num_unique_layers}x{r} '
-                               f'layers trained {args.replay_steps} steps',
+          'replay': {'source': source,
+                     'learned': recs[0].get('learned'),
                      'flushes': sum(rec['summary']['flushes']
                                     for rec in recs),
                      'tokens': tokens,

@@ -21,10 +21,55 @@ def _probes(gb_s: Optional[List[float]]) -> str:
           f'({min(gb_s):.1f}-{max(gb_s):.1f})')
 
 
+def _exits(meta: Dict[str, Any]) -> str:
+  if meta.get('exits', 'demo') == 'trained':
+    return ('exits: replay of the committed trained model (what it '
+            'learned: below)')
+  return ('exits: replay of demo models trained '
+          f'{meta.get("replay_steps", demo_model.REPLAY_STEPS)} steps (low '
+          'flips)')
+
+
+def _group(res: Dict[str, Any]) -> str:
+  """The row group's first cells: config, exits, batch, length."""
+  exits = ('trained' if res.get('exits', 'demo') == 'trained' else
+           'demo (low flips)')
+  return (f'| {res["config"]} | {exits} | {res["batch"]} | '
+          f'{res["length"]} |')
+
+
+def headline(results: List[Dict[str, Any]]) -> List[str]:
+  """Per row group: SPEED against the best greedy, end to end and decoding
+  alone, and its latency against the unshared G-layer model."""
+  lines = ['| config | exits | batch | length | steps/token | best greedy, '
+           'ms/token (method) | SPEED, ms/token | SPEED vs best greedy | '
+           'decoding alone: best greedy / SPEED, ms/token | decoding alone: '
+           'SPEED vs best greedy | latency vs G-layer |', '|' + '---|' * 11]
+  for res in results:
+    rows, best = res['methods'], res.get('best_greedy', {})
+    speed = rows['speed']
+    e2e = rows.get(best.get('end_to_end'), rows['greedy'])
+    dec = rows.get(best.get('decode'), rows['greedy'])
+    lines.append(
+        f'{_group(res)} {speed["steps_per_token"]:.2f} | '
+        f'{e2e["ms_per_token_per_sequence"]:.2f} '
+        f'({best.get("end_to_end", "greedy")}) | '
+        f'{speed["ms_per_token_per_sequence"]:.2f} | '
+        f'**{ratio(speed.get("vs_best_greedy"))}** | '
+        f'{dec["decode_ms_per_token_per_sequence"]:.2f} / '
+        f'{speed["decode_ms_per_token_per_sequence"]:.2f} | '
+        f'{ratio(speed.get("decode_vs_best_greedy"))} | '
+        f'{ratio(speed.get("latency_vs_best_g_layers"))} |')
+  return lines
+
+
 def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
              ctranslate2: Optional[List[Dict[str, Any]]] = None) -> str:
-  """bench.md: the machine, then one table row per method and row group,
-  then each row group's replayed schedule."""
+  """bench.md: the machine, SPEED against the best greedy per row group,
+  then one table row per method and row group, then each row group's
+  replayed schedule and what its model learned."""
+  ours_only = ('' if meta.get('t5x', True) else
+               ' (T5X is not installed here: ours only)')
   lines = [f'Machine: {meta["machine"]}; JAX {meta["jax"]} on '
            f'{meta["backend"]}; measured memory bandwidth '
            f'{meta["bandwidth_gb_s"]:.1f} GB/s (reduction)'
@@ -33,30 +78,29 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
            f'{meta.get("dtype", "float32")}'
            + (' activations, int8 weights'
               if meta.get('weights') == 'int8' else '') + '; few-row kernel '
-           f'{meta.get("kernel", "?")}; exits: replay of '
-           f'demo models trained '
-           f'{meta.get("replay_steps", demo_model.REPLAY_STEPS)} steps (see '
-           'tools/bench.py); end-to-end time per batch, '
-           f'{bench_measure.PROMPTS} prompts per row group. tokens/s and vs '
-           'greedy: end to end, prefill included; decode columns: decoding '
-           'alone; best greedy: the faster of greedy and greedy_xla. '
-           'rows-free ideal = R / steps per '
-           'token; bytes ideal = greedy\'s bytes per token / the method\'s '
-           '(weights + KV cache); bandwidth-bound = time those bytes take at '
-           'the bandwidth probed in every timed round (median, listed below) '
-           '/ measured decoding time.', '',
-           '| config | batch | length | method | tokens/s | vs greedy | '
-           'decode tokens/s | decode ms/token/seq | decode vs greedy | '
-           'decode vs best greedy | decode vs G-layer | steps/token | '
-           'rows-free ideal | bytes ideal | bandwidth-bound | '
-           'replay consistent |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+           f'{meta.get("kernel", "?")}; {_exits(meta)}; end-to-end times per '
+           'batch (prefill included); decode columns: decoding alone. Best '
+           'greedy: the fastest of greedy, t5x_sample (T5X\'s '
+           f'temperature_sample at top-k 1) and their _xla twins{ours_only}. '
+           'rows-free ideal = R / steps per token; bytes ideal = greedy\'s '
+           'bytes per token / the method\'s (weights + KV cache); '
+           'bandwidth-bound = time those bytes take at the bandwidth probed '
+           'in every timed round (median, listed below) / measured decoding '
+           'time; latency vs G-layer = SPEED\'s time per token over the '
+           'faster path of the unshared G-layer model\'s, end to end.', '',
+           *headline(results), '',
+           '| config | exits | batch | length | method | tokens/s | '
+           'vs greedy | vs best greedy | decode tokens/s | decode '
+           'ms/token/seq | decode vs greedy | decode vs best greedy | decode '
+           'vs G-layer | steps/token | rows-free ideal | bytes ideal | '
+           'bandwidth-bound | replay consistent |', '|' + '---|' * 18]
   for res in results:
     for method, row in res['methods'].items():
       lines.append(
-          f'| {res["config"]} | {res["batch"]} | {res["length"]} | {method} | '
+          f'{_group(res)} {method} | '
           f'{row["tokens_per_second"]:.1f} | '
           f'{row["vs_greedy_same_model"]:.2f}x | '
+          f'{ratio(row.get("vs_best_greedy"))} | '
           f'{row["decode_tokens_per_second"]:.1f} | '
           f'{row["decode_ms_per_token_per_sequence"]:.1f} | '
           f'{row["decode_vs_greedy_same_model"]:.2f}x | '
@@ -84,17 +128,29 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
   for res in results:
     flips = ', '.join(f'{k.split("/")[1]} {v:.1%}'
                       for k, v in res['replay']['flip_rate'].items())
-    exact = res['replay'].get('exact_match')
-    learned = ('' if exact is None else
-               f'; the replayed model decodes {exact:.0%} of these prompts '
-               'exactly right')
-    lines.append(f'- {res["config"]} batch {res["batch"]} {res["length"]}: '
+    lines.append(f'- {res["config"]} batch {res["batch"]} {res["length"]}, '
+                 f'{res["replay"].get("source", "replayed demo exits")}: '
                  f'{res["replay"]["steps_per_token"]:.2f} steps/token, '
-                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}{learned}' +
-                 _probes(res.get('bandwidth_probes_gb_s')))
+                 f'{res["replay"]["flushes"]:.0f} flushes; {flips}'
+                 f'{_learned(res)}' + _probes(res.get('bandwidth_probes_gb_s')))
   if ctranslate2:
     lines += ['', *ctranslate2_lines(results, meta, ctranslate2)]
   return '\n'.join(lines)
+
+
+def _learned(res: Dict[str, Any]) -> str:
+  """What the replayed model learned, on the row group's prompts."""
+  exact = res['replay'].get('exact_match')
+  if exact is not None:
+    return (f'; the replayed model decodes {exact:.0%} of these prompts '
+            'exactly right')
+  learned = res['replay'].get('learned')
+  if not learned:
+    return ''
+  example = learned['examples'][0]
+  return (f'; on these {res.get("prompts", "?")} prompts it scores BLEU '
+          f'{learned["bleu"]:.1f} (chrF {learned["chrf"]:.1f}), e.g. '
+          f'{example["prediction"]!r} for {example["reference"]!r}')
 
 
 def ctranslate2_lines(results: List[Dict[str, Any]], meta: Dict[str, Any],

@@ -81,11 +81,13 @@ def with_xla_matmuls(module):
 
 
 def record(source: Tuple[network.SpeedTransformer, Any], prompts: np.ndarray,
-           lengths: np.ndarray) -> Dict[str, Any]:
+           lengths: np.ndarray,
+           max_decode_steps: int = demo_model.LENGTHS['targets']
+           ) -> Dict[str, Any]:
   """The source model's SPEED schedule and tokens on one batch of prompts."""
   module, params = source
   out = inference.generate(module, params, prompts, lengths,
-                           max_decode_steps=demo_model.LENGTHS['targets'],
+                           max_decode_steps=max_decode_steps,
                            method='speed', bidirectional=True,
                            record_schedule=True)
   return replay_record(out, prompts, lengths)
@@ -95,7 +97,9 @@ def replay_record(out: inference.Generation, prompts: np.ndarray,
                   lengths: np.ndarray) -> Dict[str, Any]:
   """A `Generation` with its SPEED schedule (greedy or sampled) as the
   replay's inputs: the prompts, the produced token at each position (which
-  the sequential replay forces) and each step's exit predictions."""
+  the sequential replay forces), each step's exit predictions and the
+  decode's `max_decode_steps` (the produced width), which the replay's
+  cache and limit follow."""
   produced = np.asarray(out.tokens)
   batch = prompts.shape[0]
   width = prompts.shape[1] + 1 + produced.shape[1]
@@ -108,7 +112,8 @@ def replay_record(out: inference.Generation, prompts: np.ndarray,
           'predictions': np.asarray(out.schedule.predictions),
           'summary': out.stats.summary(),
           'row_tokens': np.asarray(out.stats.num_tokens),
-          'tokens': int(np.asarray(out.stats.num_tokens).sum())}
+          'tokens': int(np.asarray(out.stats.num_tokens).sum()),
+          'max_decode_steps': produced.shape[1]}
 
 
 def encoder_decoder_record(rec: Dict[str, Any]) -> Dict[str, Any]:
@@ -167,11 +172,13 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
   return fn
 
 
-def replay_prefill(module):
+def replay_prefill(module,
+                   max_decode_steps: int = demo_model.LENGTHS['targets']):
   """jit fn(params, prompts, lengths) -> (inputs, cache): the prefill that
-  every replayed method starts from (BOS + prompt, prefix attention). An
-  encoder-decoder model (`encoder_decoder_record`'s lengths, all 0) encodes
-  the prompts instead and starts its decoder from BOS."""
+  every replayed method starts from (BOS + prompt, prefix attention, room
+  for the recording's `max_decode_steps`). An encoder-decoder model
+  (`encoder_decoder_record`'s lengths, all 0) encodes the prompts instead
+  and starts its decoder from BOS."""
 
   @jax.jit
   def prefill(params, prompts, lengths):
@@ -179,9 +186,8 @@ def replay_prefill(module):
     if module.config.is_encoder_decoder:
       return inference.prepare(
           bound, jnp.zeros((prompts.shape[0], 0), jnp.int32), lengths,
-          demo_model.LENGTHS['targets'], encoder_input_tokens=prompts)
-    return inference.prepare(bound, prompts, lengths,
-                             demo_model.LENGTHS['targets'],
+          max_decode_steps, encoder_input_tokens=prompts)
+    return inference.prepare(bound, prompts, lengths, max_decode_steps,
                              bidirectional=True)
 
   return prefill
@@ -255,7 +261,7 @@ def replay_decoder(method: str, module: network.SpeedTransformer,
   beyond the backend's limit, `decoding.speed_decode`).
   `max_decode_steps`: the recording's (the demo's by default).
   """
-  prefill = replay_prefill(module)
+  prefill = replay_prefill(module, max_decode_steps)
   decode_batch = replay_decode(method, module, speculative_vocab,
                                max_speculative_rows, max_decode_steps)
 

@@ -12,6 +12,7 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import numpy as np
 
 from tools import bench
 from tools import bench_measure
@@ -20,6 +21,7 @@ from tools import common
 from tools import demo_model
 from tools import replay
 from tools import sample_bench
+from tools import trained_exits
 import helpers
 
 REPO_ROOT = str(helpers.REPO)
@@ -51,14 +53,26 @@ def _result(methods):
 
 
 def _table_rows(table):
-  """{method: {column: cell}} of the markdown table."""
-  lines = [l for l in table.splitlines() if l.startswith('|')]
+  """{method: {column: cell}} of the markdown table of every method."""
+  lines = table.splitlines()
+  lines = lines[next(i for i, l in enumerate(lines)
+                     if l.startswith('|') and '| method |' in l):]
+  lines = lines[:next((i for i, l in enumerate(lines)
+                       if not l.startswith('|')), len(lines))]
   header = [c.strip() for c in lines[0].strip('|').split('|')]
   rows = {}
   for line in lines[2:]:
     cells = dict(zip(header, (c.strip() for c in line.strip('|').split('|'))))
     rows[cells['method']] = cells
   return rows
+
+
+def _tiny_base(g, r, dtype, encoder_layers=0):
+  """A width-32 stand-in for `bench_measure.base_config`'s Base width."""
+  return helpers.tiny_config(
+      num_unique_layers=g, num_repeats=r, dtype=dtype,
+      vocab_size=demo_model.VOCAB_SIZE, num_encoder_layers=encoder_layers,
+      logits_via_embedding=not encoder_layers)
 
 
 class FlagsTest(absltest.TestCase):
@@ -69,11 +83,12 @@ class FlagsTest(absltest.TestCase):
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 16)
+    self.assertLen(flags, 18)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
-    self.assertIn('(default: 4x3,2x6)', text)
+    self.assertIn('(default: 4x3)', text)
+    self.assertIn('(default: trained)', text)
     self.assertIn('(default: False)', text)
 
   def test_help_command(self):
@@ -88,7 +103,7 @@ class FlagsTest(absltest.TestCase):
                  '--speculative_vocab', '--out', '--demo_out', '--quick',
                  '--quiet'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 16)
+    self.assertEqual(text.count('(default: '), 18)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 
@@ -140,25 +155,35 @@ class BenchRunTest(absltest.TestCase):
     self.assertEqual(bench_measure.max_speculative_rows('speed'), 'auto')
 
   def test_full_bench_on_a_tiny_model(self):
-    # The recording model and the "Base" models are tiny (random 2x3 with the
-    # demo's vocabulary; a width-32 stand-in for Base width): the bench's own
-    # path runs as a user runs it, from recording to bench.json, with every
-    # method of a batch (8 x R = 24 rows) where SPEED decodes sequentially
-    # by default.
-    source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
+    # The recording model and the "Base" models are tiny (a random 2x3
+    # stands in for the committed trained model, a width-32 model for Base
+    # width): the bench's own path runs as a user runs it, from recording
+    # the trained model's schedules to bench.json, with every method of a
+    # batch (8 x R = 24 rows) where SPEED decodes sequentially by default.
+    module, params = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
+    models_dir = tempfile.mkdtemp()
+    manifest = {'shared': '2x3', 'models': {'2x3': {
+        'sha256': '0123456789abcdef', 'test_bleu': 12.5,
+        'config': {'emb_dim': 32}}}}
+    with open(os.path.join(models_dir, 'manifest.json'), 'w') as f:
+      json.dump(manifest, f)
+    committed = mock.Mock(manifest=manifest)
+    committed.vocab.decode = lambda ids: ' '.join(map(str, ids))
+    rng = np.random.RandomState(0)
+    prompts = rng.randint(2, demo_model.VOCAB_SIZE, (16, 6)).astype(np.int32)
+    held_out = (prompts, np.full(16, 6, np.int32),
+                ['%d' % i for i in range(16)], 12)
     out = tempfile.mkdtemp()
-    tiny = lambda g, r, dtype, encoder_layers=0: helpers.tiny_config(  # pylint: disable=g-long-lambda
-        num_unique_layers=g, num_repeats=r, dtype=dtype,
-        vocab_size=demo_model.VOCAB_SIZE, num_encoder_layers=encoder_layers,
-        logits_via_embedding=not encoder_layers)
     stderr = io.StringIO()
-    with mock.patch.object(replay, 'demo_schedule_source',
-                           return_value=source), \
-         mock.patch.object(bench_measure, 'base_config', tiny), \
+    with mock.patch.object(trained_exits, 'source', return_value=(
+        trained_exits.Source(committed, module, params))), \
+         mock.patch.object(trained_exits, 'held_out', return_value=held_out), \
+         mock.patch.object(bench_measure, 'base_config', _tiny_base), \
          contextlib.redirect_stderr(stderr):
       self.assertEqual(bench.main(
           ['--configs', '4x3', '--batch_sizes', '8', '--lengths', 'short',
-           '--repeats', '2', '--speculative_vocab', '40', '--out', out]), 0)
+           '--repeats', '2', '--speculative_vocab', '40', '--out', out,
+           '--models_dir', models_dir]), 0)
     # Progress on stderr: the row group, each compile and timed pass, the
     # time left.
     progress = stderr.getvalue()
@@ -196,10 +221,20 @@ class BenchRunTest(absltest.TestCase):
     for method in ('greedy', 'speed', 'speed_short'):
       self.assertFalse(rows[method]['pipelined'])
       self.assertEqual(rows[method]['steps_per_token'], 1.0)
+    self.assertEqual(result['exits'], 'trained')
+    self.assertEqual(result['replay']['learned']['model'],
+                     'the committed 2x3 trained on gettext en->fr (test BLEU '
+                     '12.5, width 32)')
+    self.assertIn(result['best_greedy']['decode'],
+                  ('greedy', 't5x_sample'))
+    for row in rows.values():  # SPEED as users get it against the best
+      self.assertGreater(row['vs_best_greedy'], 0.0)
     with open(os.path.join(out, 'bench.md')) as f:
       table = f.read()
-    self.assertIn('| 4x3 | 8 | short | speed_pipeline |', table)
+    self.assertIn('| 4x3 | trained | 8 | short | speed_pipeline |', table)
+    self.assertIn('| 4x3 | trained | 8 | short | 1.00 |', table)  # headline
     self.assertIn('GB/s median', table)
+    self.assertIn('on these 16 prompts it scores BLEU', table)
 
 
   def test_saved_records_replay_without_the_demo_model(self):
@@ -207,10 +242,7 @@ class BenchRunTest(absltest.TestCase):
     # them with neither the demo model nor its task's prompts reachable (as
     # on a machine without seqio), and takes the same steps.
     source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
-    tiny = lambda g, r, dtype, encoder_layers=0: helpers.tiny_config(  # pylint: disable=g-long-lambda
-        num_unique_layers=g, num_repeats=r, dtype=dtype,
-        vocab_size=demo_model.VOCAB_SIZE, num_encoder_layers=encoder_layers,
-        logits_via_embedding=not encoder_layers)
+    tiny = _tiny_base
     records = os.path.join(tempfile.mkdtemp(), 'records.json')
     runs = []
     for recorded in (False, True):
@@ -223,7 +255,7 @@ class BenchRunTest(absltest.TestCase):
                              unreachable if recorded else demo_model.held_out), \
            mock.patch.object(bench_measure, 'base_config', tiny):
         self.assertEqual(bench.main(
-            ['--quick', '--repeats', '1', '--quiet',
+            ['--quick', '--repeats', '1', '--quiet', '--exits', 'demo',
              '--records', records, '--out', out]), 0)
       with open(os.path.join(out, 'bench.json')) as f:
         runs.append(json.load(f)['results'][0])
@@ -242,7 +274,7 @@ class BenchRunTest(absltest.TestCase):
     with mock.patch.object(bench_measure, 'base_config', tiny):
       self.assertEqual(bench.main(
           ['--quick', '--repeats', '1', '--quiet', '--records', records,
-           '--encoder_layers', '2', '--out', out]), 0)
+           '--exits', 'demo', '--encoder_layers', '2', '--out', out]), 0)
     with open(os.path.join(out, 'bench.json')) as f:
       data = json.load(f)
     (encdec,) = data['results']
@@ -264,7 +296,8 @@ class BenchRunTest(absltest.TestCase):
     with mock.patch.object(bench_measure, 'base_config', tiny):
       self.assertEqual(bench.main(
           ['--quick', '--repeats', '1', '--quiet', '--records', records,
-           '--weights', 'int8', '--ctranslate2', '--out', out]), 0)
+           '--exits', 'demo', '--weights', 'int8', '--ctranslate2',
+           '--out', out]), 0)
     with open(os.path.join(out, 'bench.json')) as f:
       data = json.load(f)
     self.assertEqual(data['meta']['weights'], 'int8')
