@@ -94,6 +94,7 @@ import jax  # pylint: disable=g-import-not-at-top
 
 from t5x_speed import quantize
 from t5x_speed.cpu import build
+from tools import bench_budget
 from tools import bench_measure
 from tools import bench_report
 from tools import common
@@ -167,6 +168,12 @@ def parser() -> argparse.ArgumentParser:
                  'the same float weights: its G*R virtual layers unrolled and '
                  'its first G layers (tools/ctranslate2_engine.py); needs the '
                  'ctranslate2 extra, else says so and goes on.')
+  p.add_argument('--budget', action='store_true',
+                 help='the latency budget (tools/bench_budget.py): batch 1, '
+                 'the kernel\'s and XLA\'s paths, no shortlist; where '
+                 'SPEED\'s, the best greedy\'s and the G-layer model\'s time '
+                 'per token goes, written to budget.{json,md,png} beside '
+                 'bench.*.')
   p.add_argument('--quick', action='store_true',
                  help='4x3, batch 1, short only, greedy vs SPEED (overrides '
                  '--configs, --batch_sizes and --lengths; no G-layer, '
@@ -175,10 +182,30 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
+def write_budget(results, meta, out: str) -> None:
+  """budget.{json,md,png}: `bench_budget` of every row group."""
+  budgets = [bench_budget.budget(res, demo_model.parse_gxr(
+      res['config'].split('+')[-1])[1]) for res in results]
+  table = bench_budget.markdown(budgets)
+  print('\n' + table)
+  with open(os.path.join(out, 'budget.json'), 'w') as f:
+    json.dump({'meta': meta, 'budgets': budgets}, f, indent=1)
+  with open(os.path.join(out, 'budget.md'), 'w') as f:
+    f.write(f'Latency budget, batch 1, {meta["machine"]}, '
+            f'{meta["dtype"]}; {meta["exits"]} exits (tools/bench_budget.py'
+            ').\n\n' + table + '\n')
+  bench_budget.plot(budgets, os.path.join(out, 'budget.png'),
+                    f'Where the time per token goes: {meta["machine"]}, '
+                    f'{meta["dtype"]}, {meta["exits"]} exits, batch 1')
+  print(f'Wrote {out}/budget.json, budget.md and budget.png.')
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parser().parse_args(sys.argv[1:] if argv is None else argv)
   if args.quick:
     args.configs, args.batch_sizes, args.lengths = '4x3', '1', 'short'
+  if args.budget:
+    args.batch_sizes, args.xla_baseline, args.speculative_vocab = '1', True, 0
   groups = [(*demo_model.parse_gxr(text), int(batch), length)
             for text in args.configs.split(',')
             for batch in args.batch_sizes.split(',')
@@ -241,6 +268,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   with open(os.path.join(args.out, 'bench.md'), 'w') as f:
     f.write(table + '\n')
   print(f'\nWrote {args.out}/bench.json and {args.out}/bench.md.')
+  if args.budget:
+    write_budget(results, meta, args.out)
   ok = all(row['replay_consistent'] for res in results
            for row in res['methods'].values())
   return 0 if ok else 1

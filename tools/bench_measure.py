@@ -147,6 +147,18 @@ class BatchRun:
     out = jax.block_until_ready(self._decode(inputs, cache, *self._replay))
     return out, (middle - start, time.perf_counter() - middle)
 
+  def call_overhead(self) -> float:
+    """Seconds of a decode call of this batch that runs no loop step: each
+    row's prompt length past the buffer flags it invalid, so what remains
+    is the call's dispatch, argument handling and the loop's entry and exit
+    (best of 5; the same compiled program). For this package's decode fns
+    only: T5X's do not check their inputs."""
+    inputs, cache = jax.block_until_ready(self._prefill())
+    lengths, *replayed = self._replay
+    invalid = jnp.full_like(lengths, inputs.shape[1] + 1)
+    return common.best_time(
+        lambda: self._decode(inputs, cache, invalid, *replayed))
+
 
 def layer_and_classifier_bytes(config, weights: str = 'as_given'
                                ) -> Dict[str, float]:
@@ -394,6 +406,12 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
     progress.advance()
   times, outputs, probes = _time_methods(runs, args.repeats, log,
                                          progress.advance)
+  overheads = {}
+  if getattr(args, 'budget', False):
+    for method, batch_runs in runs.items():
+      if not method.startswith('t5x'):
+        log(f'the per-call overhead of {method}')
+        overheads[method] = batch_runs[0].call_overhead()
   bandwidth = float(np.median(probes))
   sizes = {w: layer_and_classifier_bytes(configs['greedy'], w)
            for w in ('as_given', args.weights)}
@@ -405,12 +423,16 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
                               sizes[weights_of(method, args)], args, batch,
                               cache_length, bandwidth)
           for method, results in outputs.items()}
+  for method, seconds in overheads.items():
+    rows[method]['call_overhead_seconds'] = seconds
   best = _add_ratios(rows)
   tokens = sum(rec['tokens'] for rec in recs)
   flips = {}
   for key in recs[0]['summary']:
     if key.startswith('flip_rate'):
       flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
+  flushes_per_stage = [sum(rec['summary'][f'flushes/stage_{s}'] for rec in
+                           recs) for s in range(1, r + 1)]
   label = f'enc{args.encoder_layers}+{g}x{r}' if args.encoder_layers else (
       f'{g}x{r}')
   if args.exits == 'demo':
@@ -429,6 +451,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
                      'learned': recs[0].get('learned'),
                      'flushes': sum(rec['summary']['flushes']
                                     for rec in recs),
+                     'flushes_per_stage': flushes_per_stage,
+                     'calls': len(recs),
                      'tokens': tokens,
                      'steps_per_token': sum(
                          rec['summary']['example_steps'] for rec in recs) /

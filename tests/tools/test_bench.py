@@ -329,6 +329,40 @@ class BenchRunTest(absltest.TestCase):
     self.assertAlmostEqual(q8['classifier'] / f32['classifier'], 0.25,
                            delta=0.002)
 
+  def test_budget_on_a_tiny_model(self):
+    # The latency budget of a tiny model (random 2x3 exits recorded once):
+    # each method's parts add up to its measured time per token, SPEED's
+    # steps split into tokens, fill and flushes, and the per-call overhead
+    # of a call that runs no loop step is below that of the full call.
+    source = helpers.tiny_model(vocab_size=demo_model.VOCAB_SIZE)
+    out = tempfile.mkdtemp()
+    with mock.patch.object(replay, 'demo_schedule_source',
+                           mock.Mock(return_value=source)), \
+         mock.patch.object(bench_measure, 'base_config', _tiny_base):
+      self.assertEqual(bench.main(
+          ['--budget', '--exits', 'demo', '--lengths', 'short', '--repeats',
+           '1', '--quiet', '--out', out]), 0)
+    with open(os.path.join(out, 'budget.json')) as f:
+      (budget,) = json.load(f)['budgets']
+    with open(os.path.join(out, 'bench.json')) as f:
+      (result,) = json.load(f)['results']
+    self.assertEqual(set(budget['methods']),
+                     {'SPEED', 'best greedy', 'G-layer greedy'})
+    for label, b in budget['methods'].items():
+      row = result['methods'][b['method']]
+      self.assertLess(row['call_overhead_seconds'] * 16,
+                      row['decode_seconds'], label)
+      self.assertAlmostEqual(sum(b['parts'].values()), b['total_ms'])
+      self.assertGreater(b['step_ms'], 0.0)
+    speed = budget['methods']['SPEED']
+    self.assertEqual(speed['method'], 'speed')
+    self.assertAlmostEqual(speed['parts']['fill'],
+                           speed['step_ms'] * 2 * 16 / result['replay']['tokens'])
+    self.assertIn('no flushes', budget['levers'])
+    with open(os.path.join(out, 'budget.md')) as f:
+      self.assertIn('| short | SPEED (speed) |', f.read())
+    self.assertTrue(os.path.exists(os.path.join(out, 'budget.png')))
+
   def test_imports_without_seqio_or_tensorflow(self):
     # Replaying saved records is how the bench runs where seqio and
     # TensorFlow are not installed (a GPU machine).
