@@ -169,23 +169,28 @@ def recommended(records, verdicts) -> Optional[str]:
 
 
 def plot(results: Dict[str, Any], path: str) -> None:
-  """Steps lost to flips per token against test BLEU, one point a run."""
+  """Steps lost to flips per token against test BLEU, one point a run, on
+  test prompts and on the long split."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(8, 5.5))
-  for name, record in results['records'].items():
-    m = record['measures']
-    setting = record['setting']
-    style = ('ks' if setting is None else
-             'o' if setting['route'] == 'model' else '^')
-    ax.plot(m['speed']['steps_lost_per_token'], m['bleu'], style,
-            label=name)
-  ax.set_xlabel('SPEED loop steps lost to flips per token (test prompts)')
-  ax.set_ylabel('test BLEU')
-  ax.set_title('Exits trained to agree: steps lost to flips vs quality')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, loc='best')
+  fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+  for ax, split in zip(axes, ('test', 'long')):
+    for name, record in results['records'].items():
+      m, setting = record['measures'], record['setting']
+      speed = (m if split == 'test' else m.get('long', {})).get('speed')
+      if speed is None:
+        continue
+      style = ('ks' if setting is None else
+               'o' if setting['route'] == 'model' else '^')
+      ax.plot(speed['steps_lost_per_token'], m['bleu'], style, label=name)
+    ax.set_xlabel(f'SPEED loop steps lost to flips per token ({split} '
+                  'prompts)')
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel('test BLEU')
+  axes[1].legend(fontsize=7, loc='best')
+  fig.suptitle('Exits trained to agree: steps lost to flips vs quality '
+               '(circles: whole model, triangles: exit adapters)')
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

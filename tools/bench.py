@@ -153,8 +153,9 @@ def parser() -> argparse.ArgumentParser:
                  'recorded prompts are encoded and the decoder starts from '
                  'BOS. 0: decoder-only models.')
   p.add_argument('--xla_baseline', action='store_true',
-                 help='also time greedy, speed, greedy_g and greedy_12l with '
-                 'XLA\'s dot (the few-row kernel off), side by side.')
+                 help='also time greedy, speed, greedy_g, greedy_12l (and '
+                 'greedy_float, t5x_sample) with XLA\'s dot (the few-row '
+                 'kernel off), side by side.')
   p.add_argument('--demo_out', default='demo_out',
                  help='where the demo models are saved / trained.')
   p.add_argument('--records', default='',

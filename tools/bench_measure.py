@@ -183,8 +183,8 @@ def layer_and_classifier_bytes(config, weights: str = 'as_given'
 
 def _time_methods(runs: Dict[str, List[BatchRun]], repeats: int,
                   log: Callable[[str], None], advance: Callable[[], None]):
-  """Interleaved rounds over every method's batches, a bandwidth probe
-  leading each round. Returns ({method: [per-round (prefill, decode)
+  """Interleaved rounds over every method's batches (every other round in
+  reverse order), a bandwidth probe leading each round. Returns ({method: [per-round (prefill, decode)
   seconds]}, {method: last round's results}, probes in bytes/s)."""
   times = {m: [] for m in runs}
   outputs = {}
@@ -194,7 +194,10 @@ def _time_methods(runs: Dict[str, List[BatchRun]], repeats: int,
     # methods. The faster probe counts, so the share is not flattered.
     log(f'round {round_index + 1}/{repeats}: memory bandwidth probe')
     probes.append(max(memory_bandwidth(), copy_bandwidth()))
-    for method, batch_runs in runs.items():
+    # Every other round in reverse order: no method always follows the probe
+    # (which empties the caches) or the same neighbour.
+    order = list(runs.items())
+    for method, batch_runs in order if round_index % 2 == 0 else order[::-1]:
       log(f'round {round_index + 1}/{repeats}: {method}')
       results = [run() for run in batch_runs]
       outputs[method] = [res for res, _ in results]

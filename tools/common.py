@@ -8,11 +8,13 @@ the committed real-data models are (`MODELS_DIR`).
 """
 
 import argparse
+from concurrent import futures
 import os
 import platform
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import (Any, Callable, Dict, Iterable, List, Optional, TextIO,
+                    Tuple)
 
 import jax
 import numpy as np
@@ -103,22 +105,46 @@ def best_time(fn: Callable[[], Any], repeats: int = 5) -> float:
   return float(np.min(times))
 
 
+def warm_up(fns: Iterable[Callable[[], Any]], threads: int = 2) -> None:
+  """Calls each of `fns` once to completion, `threads` at a time (their
+  compiles run in parallel; nothing here is timed)."""
+  with futures.ThreadPoolExecutor(threads) as pool:
+    for done in [pool.submit(lambda f=f: jax.block_until_ready(f()))
+                 for f in fns]:
+      done.result()
+
+
+def compile_all(jobs: Dict[str, Tuple[Any, Tuple[Any, ...]]],
+                threads: int = 2) -> Dict[str, Any]:
+  """{name: jitted fn compiled ahead of time for args} of {name: (jitted fn,
+  args)}, `threads` compiles at a time (XLA compiles a program on one
+  core)."""
+  with futures.ThreadPoolExecutor(threads) as pool:
+    jobs = {name: pool.submit(lambda f=fn, a=args: f.lower(*a).compile())
+            for name, (fn, args) in jobs.items()}
+    return {name: job.result() for name, job in jobs.items()}
+
+
 def interleaved_passes(calls: Dict[str, List[Callable[[], Any]]],
                        repeats: int, on_pass: Optional[Callable[[str, int],
-                                                                None]] = None
+                                                                None]] = None,
+                       warm: bool = True
                        ) -> Tuple[Dict[str, List[float]], Dict[str, List[Any]]]:
   """Times passes over each method's calls, the methods interleaved.
 
-  Every method's first call runs once first (compile and warm up). Then
-  each of `repeats` rounds runs every method's calls in turn, each to
-  completion. `on_pass(method, round)` is called before each timed pass.
+  Every method's first call runs once first (compile and warm up; not
+  with `warm` False, for calls compiled ahead of time), two methods at a
+  time: XLA compiles a program on one core, so the warm-ups of two methods
+  take about the time of one on two cores. Then each of
+  `repeats` rounds runs every method's calls in turn, each to completion.
+  `on_pass(method, round)` is called before each timed pass.
 
   Returns:
     ({method: seconds of each round's pass}, {method: outputs of the last
     pass}).
   """
-  for fns in calls.values():
-    jax.block_until_ready(fns[0]())
+  if warm:
+    warm_up(fns[0] for fns in calls.values())
   seconds = {m: [] for m in calls}
   outputs = {}
   for round_index in range(repeats):

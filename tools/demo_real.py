@@ -14,10 +14,11 @@
    translations, the exits' flip rates and SPEED's loop steps per token;
 4. times decoding at batch 1 at the trained width, SPEED against greedy;
 5. replays the 4x3's SPEED schedules on a T5-Base-width 4x3 (768 wide,
-   vocabulary 32128; `tools.replay`) against the best greedy there and
-   against greedy on its first repetition (what an unshared 4-layer model
-   costs, decoding the same tokens), for short outputs and for the long
-   split's;
+   vocabulary 32128; `tools.replay`) against greedy there and against
+   greedy on its first repetition (what an unshared 4-layer model costs,
+   decoding the same tokens), for short outputs and for the long split's,
+   on the CPU kernels' path (--xla_baseline: also XLA's, the faster of the
+   two counting; `make bench` times both);
 6. writes results.json to --out and exits 1 if any output differs.
 
 `--export OUT_DIR` writes the model from the paper table's runs in OUT_DIR
@@ -44,6 +45,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # before TF loads
 import seqio
 
 from t5x_speed import network
+from t5x_speed.cpu import build
 from tools import common
 from tools import gettext_data
 from tools import paper_table
@@ -193,14 +195,21 @@ def run(args) -> Dict[str, Any]:
       {f'greedy {shared}': (module, params, 'greedy'),
        f'SPEED {shared}': (module, params, 'speed')},
       prompts[timed], lengths[timed], settings.targets_length, args.repeats)
+  # On a CPU with the kernels built, XLA's dot is the slower path in every
+  # bench row: the demo times it only when asked (or when it is the only
+  # path); `make bench` times both.
+  xla_twins = args.xla_baseline or not build.available()
+  results['replay_paths'] = ('kernel and XLA' if xla_twins and
+                             build.available() else
+                             'kernel' if build.available() else 'XLA')
   results['replay'] = {'short': paper_table_eval.replay_speedup(
       module, params, prompts[timed], lengths[timed],
-      settings.targets_length, args.replay_width, args.repeats)}
+      settings.targets_length, args.replay_width, args.repeats, xla_twins)}
   results['long'] = paper_table_eval.decode_quality(
       module, params, *long, vocab, settings.long_length)
   results['replay']['long'] = paper_table_eval.replay_speedup(
       module, params, long[0][:1], long[1][:1], settings.long_length,
-      args.replay_width, args.repeats)
+      args.replay_width, args.repeats, xla_twins)
   results['wall_seconds'] = time.perf_counter() - _START
   return results
 
@@ -242,7 +251,8 @@ def report(results: Dict[str, Any]) -> str:
       f'{rp["short"]["speedup"]:.2f}x the best greedy (long output: '
       f'{rp["long"]["speedup"]:.2f}x), at {rp["short"]["vs_shallow"]:.2f}x '
       'the latency of greedy on an unshared model of its G layers '
-      f'({rp["long"]["vs_shallow"]:.2f}x long); identical: '
+      f'({rp["long"]["vs_shallow"]:.2f}x long), the baselines timed on the '
+      f'{results.get("replay_paths", "kernel and XLA")} path; identical: '
       f'{rp["short"]["identical"] and rp["long"]["identical"]}.',
       f'Wall time {results["wall_seconds"]:.0f} s on {results["cpu"]}.']
   return '\n'.join(lines)
@@ -257,12 +267,18 @@ def main(argv=None) -> int:
                       help='the models and their manifest.')
   parser.add_argument('--prompts', type=int, default=64,
                       help='held-out test sentences decoded.')
-  parser.add_argument('--long_prompts', type=int, default=8,
+  parser.add_argument('--long_prompts', type=int, default=4,
                       help='long-split sentences decoded.')
   parser.add_argument('--timed_prompts', type=int, default=8,
                       help='of them, those timed and replayed at batch 1.')
-  parser.add_argument('--repeats', type=int, default=3)
+  parser.add_argument('--repeats', type=int, default=2,
+                      help='timed passes of every method (after a warm-up); '
+                      'the best counts.')
   parser.add_argument('--replay_width', type=int, default=768)
+  parser.add_argument('--xla_baseline', action='store_true',
+                      help='also time the replay\'s greedy baselines with '
+                      'XLA\'s dot (slower than the kernels on every CPU '
+                      'measured; timed anyway where they are not built).')
   parser.add_argument('--export', metavar='OUT_DIR', default=None,
                       help='write the models from a paper table out_dir.')
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)

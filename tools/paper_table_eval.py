@@ -121,12 +121,12 @@ def curve(module, run_dir: str, steps: List[int], prompts, lengths, refs,
   return points
 
 
-def _timed_passes(calls, repeats):
+def _timed_passes(calls, repeats, warm: bool = True):
   """`common.interleaved_passes`, and the machine's busiest one-minute load
   average around them: timings taken beside other work (a load above the
   cores JAX uses) are not the model's."""
   before = os.getloadavg()[0]
-  seconds, outputs = common.interleaved_passes(calls, repeats)
+  seconds, outputs = common.interleaved_passes(calls, repeats, warm=warm)
   return seconds, outputs, max(before, os.getloadavg()[0])
 
 
@@ -150,35 +150,50 @@ def latency(models: Dict[str, Tuple[Any, Any, str]], prompts, lengths,
 
 
 @functools.lru_cache(maxsize=None)
+def _wide_model(g: int, r: int, encoder_layers: int, width: int,
+                exit_adapter_rank=None):
+  """The wide GxR model and its random parameters, drawn once per shape
+  (the replays of every output length share them)."""
+  return replay.init_model(dataclasses.replace(
+      demo_model.wide_config(g, r, width, vocab_size=BASE_VOCAB),
+      num_encoder_layers=encoder_layers, exit_adapter_rank=exit_adapter_rank))
+
+
+@functools.lru_cache(maxsize=None)
 def _wide_replay(g: int, r: int, encoder_layers: int, width: int,
-                 max_decode_steps: int, exit_adapter_rank=None):
+                 max_decode_steps: int, exit_adapter_rank=None,
+                 xla_twins: bool = True):
   """({method: jitted replay}, params) of the wide GxR model (with an
   encoder of `encoder_layers`, if any, and exit adapters of
   `exit_adapter_rank`), built and compiled once per shape: every run of a
   configuration replays on it. 'shallow' is greedy on the model's first
-  repetition (G layers, what an unshared G-layer model costs), the faster
-  of its two numerics."""
-  wide, wide_params = replay.init_model(dataclasses.replace(
-      demo_model.wide_config(g, r, width, vocab_size=BASE_VOCAB),
-      num_encoder_layers=encoder_layers,
-      exit_adapter_rank=exit_adapter_rank))
+  repetition (G layers, what an unshared G-layer model costs); with
+  `xla_twins` greedy and 'shallow' are also timed with XLA's dot
+  ('*_xla'), and each baseline is the faster of its two numerics."""
+  wide, wide_params = _wide_model(g, r, encoder_layers, width,
+                                  exit_adapter_rank)
   shallow = type(wide)(dataclasses.replace(wide.config, num_repeats=1,
                                            exit_adapter_rank=None))
   decoder = functools.partial(replay.replay_decoder,
                               max_decode_steps=max_decode_steps)
-  return {'speed': decoder('speed', wide), 'greedy': decoder('greedy', wide),
-          'greedy_xla': decoder('greedy', replay.with_xla_matmuls(wide)),
-          'shallow': decoder('greedy', shallow),
-          'shallow_xla': decoder('greedy', replay.with_xla_matmuls(shallow))
-          }, wide_params
+  runs = {'speed': decoder('speed', wide), 'greedy': decoder('greedy', wide),
+          'shallow': decoder('greedy', shallow)}
+  if xla_twins:
+    runs.update(
+        greedy_xla=decoder('greedy', replay.with_xla_matmuls(wide)),
+        shallow_xla=decoder('greedy', replay.with_xla_matmuls(shallow)))
+  return runs, wide_params
 
 
 def replay_speedup(module, params, prompts, lengths, max_decode_steps: int,
-                   width: int, repeats: int) -> Dict[str, Any]:
+                   width: int, repeats: int, xla_twins: bool = True
+                   ) -> Dict[str, Any]:
   """SPEED against the best greedy on a `width`-wide model of the same GxR
   (vocabulary 32128), replaying `params`' SPEED schedules on the prompts at
   batch 1; 'vs_shallow' is SPEED's latency over the best greedy of the
-  unshared G-layer model of that width (the paper's latency claim)."""
+  unshared G-layer model of that width (the paper's latency claim).
+  Without `xla_twins` the baselines are timed on the decode path alone
+  (the kernel's, where it is built)."""
   cfg = module.config
   if cfg.is_encoder_decoder:    # the decoder starts at BOS
     lengths = np.zeros_like(lengths)
@@ -190,15 +205,22 @@ def replay_speedup(module, params, prompts, lengths, max_decode_steps: int,
     recs.append(replay.replay_record(out, prompts[i:i + 1], lengths[i:i + 1]))
   runs, wide_params = _wide_replay(cfg.num_unique_layers, cfg.num_repeats,
                                    cfg.num_encoder_layers, width,
-                                   max_decode_steps, cfg.exit_adapter_rank)
-  calls = {name: [functools.partial(fn, wide_params, *replay.replay_args(rec))
-                  for rec in recs] for name, fn in runs.items()}
-  seconds, outputs, load = _timed_passes(calls, repeats)
+                                   max_decode_steps, cfg.exit_adapter_rank,
+                                   xla_twins)
+  # At batch 1 every record of a split has the same shapes: each method is
+  # compiled once, ahead of time, two at a time, and timed without a
+  # warm-up pass (the best of the passes counts).
+  args = [(wide_params, *replay.replay_args(rec)) for rec in recs]
+  compiled = common.compile_all({name: (fn, args[0])
+                                 for name, fn in runs.items()})
+  calls = {name: [functools.partial(compiled[name], *a) for a in args]
+           for name in runs}
+  seconds, outputs, load = _timed_passes(calls, repeats, warm=False)
   tokens = sum(rec['tokens'] for rec in recs)
   ms = {name: 1e3 * float(np.min(t)) / tokens for name, t in seconds.items()}
-  best = min(ms['greedy'], ms['greedy_xla'])
+  best = lambda name: min(v for k, v in ms.items() if k.startswith(name))
   return {'width': width, 'tokens': tokens, 'load_average': load,
-          'ms_per_token': ms, 'speedup': best / ms['speed'],
-          'vs_shallow': ms['speed'] / min(ms['shallow'], ms['shallow_xla']),
+          'ms_per_token': ms, 'speedup': best('greedy') / ms['speed'],
+          'vs_shallow': ms['speed'] / best('shallow'),
           'identical': all(np.array_equal(a.sequences, b.sequences) for a, b
                            in zip(outputs['speed'], outputs['greedy']))}
