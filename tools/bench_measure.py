@@ -95,6 +95,12 @@ def method_configs(g: int, r: int, args,
     for method in XLA_BASELINES:
       if method in configs:
         configs[method + XLA_SUFFIX] = configs[method]
+  if getattr(args, 'budget', False):
+    # The budget's methods: SPEED (on the kernels' path), and the greedy
+    # baselines and the G-layer model on both paths.
+    configs = {m: c for m, c in configs.items()
+               if m == 'speed' or m.removesuffix(XLA_SUFFIX) in
+               ('greedy', 'greedy_g', 't5x_sample')}
   return configs
 
 

@@ -175,10 +175,12 @@ def measure(module, params, committed: demo_real.Committed,
   return out
 
 
-def replay(module, params, committed: demo_real.Committed) -> Dict[str, Any]:
+def replay(module, params, committed: demo_real.Committed,
+           xla_twins: bool = True) -> Dict[str, Any]:
   """SPEED's schedules on the table's replay prompts (test and long)
   replayed at its replay width (T5-Base), against the best greedy and the
-  unshared G-layer model there (`paper_table_eval.replay_speedup`)."""
+  unshared G-layer model there (`paper_table_eval.replay_speedup`; without
+  `xla_twins`, on the kernels' path alone)."""
   table = committed.settings
   out = {}
   for split, count, length, lengths in (
@@ -189,7 +191,7 @@ def replay(module, params, committed: demo_real.Committed) -> Dict[str, Any]:
         count, lengths, split)
     out[split] = paper_table_eval.replay_speedup(
         module, params, prompts, prompt_lengths, length, table.replay_width,
-        table.repeats)
+        table.repeats, xla_twins)
   return out
 
 
