@@ -183,6 +183,13 @@ def parser() -> argparse.ArgumentParser:
   return p
 
 
+def budget_label(meta) -> str:
+  """The budget's conditions: machine, numerics and exits."""
+  numerics = (meta['dtype'] if meta['weights'] == 'as_given' else
+              f'{meta["weights"]} weights, {meta["dtype"]} activations')
+  return f'{meta["machine"]}, {numerics}, {meta["exits"]} exits, batch 1'
+
+
 def write_budget(results, meta, out: str) -> None:
   """budget.{json,md,png}: `bench_budget` of every row group."""
   budgets = [bench_budget.budget(res, demo_model.parse_gxr(
@@ -192,12 +199,10 @@ def write_budget(results, meta, out: str) -> None:
   with open(os.path.join(out, 'budget.json'), 'w') as f:
     json.dump({'meta': meta, 'budgets': budgets}, f, indent=1)
   with open(os.path.join(out, 'budget.md'), 'w') as f:
-    f.write(f'Latency budget, batch 1, {meta["machine"]}, '
-            f'{meta["dtype"]}; {meta["exits"]} exits (tools/bench_budget.py'
-            ').\n\n' + table + '\n')
+    f.write(f'Latency budget: {budget_label(meta)} '
+            '(tools/bench_budget.py).\n\n' + table + '\n')
   bench_budget.plot(budgets, os.path.join(out, 'budget.png'),
-                    f'Where the time per token goes: {meta["machine"]}, '
-                    f'{meta["dtype"]}, {meta["exits"]} exits, batch 1')
+                    f'Where the time per token goes\n{budget_label(meta)}')
   print(f'Wrote {out}/budget.json, budget.md and budget.png.')
 
 

@@ -143,7 +143,7 @@ def plot(budgets: List[Dict[str, Any]], path: str, title: str) -> None:
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(9, 5))
-  labels, positions, x = [], [], 0.0
+  labels, positions, x, top = [], [], 0.0, 0.0
   seen = set()
   for b in budgets:
     for label, m in b['methods'].items():
@@ -157,11 +157,13 @@ def plot(budgets: List[Dict[str, Any]], path: str, title: str) -> None:
         bottom += value
       ax.text(x, bottom, f'{bottom:.2f}', ha='center', va='bottom',
               fontsize=8)
+      top = max(top, bottom)
       labels.append(f'{label}\n{b["length"]}')
       positions.append(x)
       x += 1
     x += 0.5   # a gap between output lengths
   ax.set_xticks(positions, labels, fontsize=8)
+  ax.set_ylim(0, 1.08 * top)  # room for the totals above the bars
   ax.set_ylabel('ms per token (batch 1)')
   ax.set_title(title, fontsize=9)
   ax.legend(fontsize=8, loc='upper right')

@@ -436,10 +436,14 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
     rows[method]['call_overhead_seconds'] = seconds
   best = _add_ratios(rows)
   tokens = sum(rec['tokens'] for rec in recs)
+  # Each call's rate weighted by its tokens: a long call (e.g. a repetition
+  # loop) counts for its tokens, not as one prompt among many.
   flips = {}
   for key in recs[0]['summary']:
     if key.startswith('flip_rate'):
-      flips[key] = float(np.mean([rec['summary'][key] for rec in recs]))
+      flips[key] = float(np.average(
+          [rec['summary'][key] for rec in recs],
+          weights=[rec['summary']['tokens'] for rec in recs]))
   flushes_per_stage = [sum(rec['summary'][f'flushes/stage_{s}'] for rec in
                            recs) for s in range(1, r + 1)]
   label = f'enc{args.encoder_layers}+{g}x{r}' if args.encoder_layers else (
