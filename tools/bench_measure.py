@@ -100,7 +100,7 @@ def method_configs(g: int, r: int, args,
     # baselines and the G-layer model on both paths.
     configs = {m: c for m, c in configs.items()
                if m == 'speed' or m.removesuffix(XLA_SUFFIX) in
-               ('greedy', 'greedy_g', 't5x_sample')}
+               GREEDY_BASELINES + ('greedy_g',)}
   return configs
 
 
@@ -190,8 +190,9 @@ def layer_and_classifier_bytes(config, weights: str = 'as_given'
 def _time_methods(runs: Dict[str, List[BatchRun]], repeats: int,
                   log: Callable[[str], None], advance: Callable[[], None]):
   """Interleaved rounds over every method's batches (every other round in
-  reverse order), a bandwidth probe leading each round. Returns ({method: [per-round (prefill, decode)
-  seconds]}, {method: last round's results}, probes in bytes/s)."""
+  reverse order), a bandwidth probe leading each round. Returns ({method:
+  [per-round (prefill, decode) seconds]}, {method: last round's results},
+  probes in bytes/s)."""
   times = {m: [] for m in runs}
   outputs = {}
   probes = []
