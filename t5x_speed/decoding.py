@@ -240,7 +240,8 @@ def speed_decode(inputs: Array,
                  max_speculative_rows: Any = 'auto',
                  require_pipeline: bool = False,
                  record_schedule: bool = False,
-                 token_choice: str = 'auto') -> DecodeResult:
+                 token_choice: str = 'auto',
+                 speed_branches: Any = 'auto') -> DecodeResult:
   """SPEED: speculative pipelined greedy decoding of a shared-exit model.
 
   Each loop step runs the G shared layers once over R slots per example, slot
@@ -319,6 +320,13 @@ def speed_decode(inputs: Array,
       length steps); a recorded decode always runs the pipeline.
     token_choice: how each token is picked from the logits, as
       `greedy_decode`'s.
+    speed_branches: candidate branches per example (K): each step also runs
+      the K most likely tokens after the newest one's at stage 0, and a
+      verdict naming one of them continues on it instead of flushing
+      (`t5x_speed.speed_branches`; the same output). 0: none, today's
+      pipeline; 'auto': `t5x_speed.cpu.dispatch.speed_branches` (measured
+      per CPU dtype at batch 1, none elsewhere). A step then takes
+      batch x (R + K) rows.
 
   Returns:
     A `DecodeResult` with the `SpeedStats`, which unpacks as T5X's (decodes
@@ -343,10 +351,12 @@ def speed_decode(inputs: Array,
   stages, initial_carry, checked = speed_loop.check_pipeline(
       inputs, cache, pipeline_step_fn, num_stages, initial_carry,
       initial_index, max_decode_steps, eos_id, cache_offset)
+  branches = cpu.dispatch.speed_branches(speed_branches, inputs.shape[0],
+                                         stages, initial_carry.dtype)
   out = speed_loop.speed_or_sequential(
       inputs, cache, pipeline_step_fn, tokens_to_logits, stages,
       initial_carry, checked, rule, max_rows, record_schedule,
-      require_pipeline)
+      require_pipeline, branches=branches)
   return DecodeResult(
       sequences=out.sequences[:, None, 1:], scores=out.scores[:, None],
       lengths=out.lengths[:, None], stats=out.stats, schedule=out.schedule,

@@ -45,6 +45,7 @@ from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ['ExitAdapters', 'SCOPE', 'is_adapter_param', 'trainable_labels',
            'param_labels', 'check_exit_adapter_rank', 'adapter_params',
@@ -87,20 +88,23 @@ class ExitAdapters(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, y: Array, exit_index: Union[int, str]) -> Array:
+  def __call__(self, y: Array,
+               exit_index: Union[int, str, Tuple[int, ...]]) -> Array:
     """Adapts normalised hidden states to their exit.
 
     Args:
       y: the final norm's output: [..., emb] for one exit, or [..., S, emb]
-        with exit s in slot s (S <= R) for `exit_index` 'slots'.
-      exit_index: the exit (0..R-1) of every row of `y`, or 'slots'.
+        with exit s in slot s (S <= R) for `exit_index` 'slots', or with
+        slot s's exit given by a tuple `exit_index`.
+      exit_index: the exit (0..R-1) of every row of `y`, 'slots', or a
+        tuple of each slot's exit (SPEED's branch slots run exit 0).
 
     Returns:
       `y` adapted; rows of the final exit are returned as they are.
     """
     early = self.num_exits - 1
     emb = y.shape[-1]
-    if exit_index != 'slots' and exit_index == early:
+    if isinstance(exit_index, int) and exit_index == early:
       return y
     # Logical axes for T5X's partitioner: the exits and the small rank axis
     # are replicated ('layers', 'kv'), the width follows 'embed'.
@@ -115,6 +119,11 @@ class ExitAdapters(nn.Module):
                            (early, self.rank, emb), jnp.float32,
                            axes=('layers', 'kv', 'embed'))
       maps = (down, up)
+    if isinstance(exit_index, tuple):
+      exits = np.asarray([min(e, early - 1) for e in exit_index])
+      adapted = self._adapt(y, exits, scale, maps)
+      final = np.asarray([e == early for e in exit_index])[:, None]
+      return jnp.where(final, y, adapted)
     if exit_index == 'slots':
       slots = min(y.shape[-2], early)
       adapted = self._adapt(y[..., :slots, :], slice(0, slots), scale, maps)
@@ -124,16 +133,17 @@ class ExitAdapters(nn.Module):
                        f"'slots', got {exit_index!r}.")
     return self._adapt(y, exit_index, scale, maps)
 
-  def _adapt(self, y: Array, exits: Union[int, slice], scale: Array,
+  def _adapt(self, y: Array, exits: Union[int, slice, np.ndarray],
+             scale: Array,
              maps: Optional[Tuple[Array, Array]]) -> Array:
     """y * scale[exits] (+ the low-rank map), in the activations' dtype;
-    `exits` a slice puts the exits on axis -2 of `y`."""
+    `exits` a slice or an index array puts the exits on axis -2 of `y`."""
     cast = lambda w: jnp.asarray(w, self.dtype)
     y = y * cast(scale[exits])
     if maps is None:
       return y
     down, up = (cast(w[exits]) for w in maps)
-    if isinstance(exits, slice):
+    if not isinstance(exits, int):
       low = jnp.einsum('...se,sek->...sk', y, down)
       return y + jnp.einsum('...sk,ske->...se', low, up)
     return y + (y @ down) @ up

@@ -165,12 +165,13 @@ def prepare(bound: steps.BoundSteps, prompts: Array, prompt_lengths: Array,
 @functools.partial(jax.jit, static_argnames=(
     'module', 'max_decode_steps', 'method', 'eos_id', 'bidirectional',
     'record_schedule', 'speculative_vocab_size', 'topk',
-    'max_speculative_rows', 'require_pipeline'),
+    'max_speculative_rows', 'require_pipeline', 'speed_branches'),
                    compiler_options=COMPILER_OPTIONS)
 def _generate(module, params, prompts, prompt_lengths, temperature, topp,
               rng, encoder_input_tokens, *, max_decode_steps, method, eos_id,
               bidirectional, record_schedule, speculative_vocab_size, topk,
-              max_speculative_rows, require_pipeline) -> Generation:
+              max_speculative_rows, require_pipeline,
+              speed_branches) -> Generation:
   bound = steps.BoundSteps(module, params, speculative_vocab_size)
   inputs, cache = prepare(bound, prompts, prompt_lengths, max_decode_steps,
                           bidirectional, encoder_input_tokens)
@@ -183,7 +184,8 @@ def _generate(module, params, prompts, prompt_lengths, temperature, topp,
   if method in SPEED_METHODS:
     method_args.update(max_speculative_rows=max_speculative_rows,
                        require_pipeline=require_pipeline,
-                       record_schedule=record_schedule)
+                       record_schedule=record_schedule,
+                       speed_branches=speed_branches)
   result = decode_fn(
       **bound.decode_fn_kwargs(decode_fn, inputs, cache, prompt_lengths),
       eos_id=eos_id, max_decode_steps=max_decode_steps, **method_args)
@@ -231,6 +233,7 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
              speculative_vocab_size: Optional[int] = None,
              max_speculative_rows: Any = 'auto',
              require_pipeline: bool = False,
+             speed_branches: Any = 'auto',
              check_params: bool = False,
              temperature: Optional[float] = None,
              topk: Optional[int] = None,
@@ -270,6 +273,8 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
       the result's `pipelined` is False (`decoding.speed_decode`).
     require_pipeline: SPEED methods only: raise instead of decoding with
       the full-depth step where the batch exceeds `max_speculative_rows`.
+    speed_branches: SPEED methods only: candidate branches per example,
+      'auto' or an integer >= 0 (`decoding.speed_decode`).
     check_params: first check that `params` are finite (`check_finite`), a
       pass over the weights; non-finite weights otherwise give token 0
       repeated with NaN scores.
@@ -300,7 +305,7 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
           record_schedule=record_schedule,
           speculative_vocab_size=speculative_vocab_size,
           max_speculative_rows=max_speculative_rows,
-          require_pipeline=require_pipeline))
+          require_pipeline=require_pipeline, speed_branches=speed_branches))
   decode_args.check_prng_key('rng', rng)
   steps.check_causal_attention(module.config, bidirectional or None,
                                'bidirectional')
@@ -362,6 +367,14 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
   max_speculative_rows, require_pipeline = _pipeline_settings(
       method, prompts.shape[0] * module.config.num_repeats,
       max_speculative_rows, require_pipeline, record_schedule)
+  if method in SPEED_METHODS:
+    # Resolved here, so that 'auto' and the integer it picks share one
+    # compiled program.
+    speed_branches = cpu.dispatch.speed_branches(
+        speed_branches, prompts.shape[0], module.config.num_repeats,
+        module.config.dtype)
+  else:
+    speed_branches = 0
   # NumPy inputs go to the jitted call as they are: a jnp conversion here
   # would be one more dispatch per array, on every call.
   return _generate(module, params, np.asarray(prompts, np.int32),
@@ -373,7 +386,8 @@ def generate(module: Any, params: Any, prompts: Optional[Array] = None,
                    record_schedule=record_schedule,
                    speculative_vocab_size=speculative_vocab_size,
                    max_speculative_rows=max_speculative_rows,
-                   require_pipeline=require_pipeline)
+                   require_pipeline=require_pipeline,
+                   speed_branches=speed_branches)
 
 
 def _pipeline_settings(method: str, rows: int, max_speculative_rows: Any,
@@ -392,7 +406,8 @@ def _pipeline_settings(method: str, rows: int, max_speculative_rows: Any,
 # What each setting of `generate` is when left unset.
 _DEFAULTS = dict(temperature=None, topk=None, topp=None, rng=None,
                  record_schedule=False, speculative_vocab_size=None,
-                 max_speculative_rows='auto', require_pipeline=False)
+                 max_speculative_rows='auto', require_pipeline=False,
+                 speed_branches='auto')
 
 
 def _check_method_settings(method: str, sampling_settings: dict,

@@ -185,14 +185,16 @@ class Decoder(nn.Module):
   def exit_logits(self, x: Array, deterministic: bool = True,
                   vocab_limit: Optional[int] = None,
                   numerics: layers.Numerics = None,
-                  exit_index: Union[None, int, str] = None) -> Array:
+                  exit_index: Union[None, int, str, Tuple[int, ...]] = None
+                  ) -> Array:
     """The shared classifier: final norm + (tied) logits, [..., vocab] f32.
 
     With `vocab_limit` only the first `vocab_limit` token ids are scored;
     `numerics`: a decode step's (None: XLA's dot). `exit_index`: which exit
     `x` feeds, for the early exits' adapters (`exit_adapters`): 0..R-1,
-    'slots' (x [..., S, emb] holds exit s in slot s), or None for the
-    final exit; without adapters every exit computes alike.
+    'slots' (x [..., S, emb] holds exit s in slot s), a tuple of each slot's
+    exit, or None for the final exit; without adapters every exit computes
+    alike.
     """
     y = self.decoder_norm(x, numerics)
     if self.config.exit_adapter_rank is not None and exit_index is not None:
@@ -396,16 +398,22 @@ class Decoder(nn.Module):
     slots then run through the G shared layers in one pass of B*R rows, each
     reading and writing only its own stage's caches.
 
+    With K candidate branches (`tokens` [batch, 1+K]), slots R..R+K-1 run
+    tokens[:, 1:] at stage 0 too, each on a cache of its own: the cache then
+    holds R+K stages, stage R+k being branch k's copy of stage 0's
+    (`speed_branches.add_branch_stages`).
+
     Args:
-      tokens: [batch] tokens entering stage 0.
+      tokens: [batch] tokens entering stage 0, or [batch, 1+K]: that token
+        and K branch tokens.
       carry: [batch, R-1, emb] hidden states entering stages 1..R-1, i.e. the
-        previous step's returned `hidden[:, :-1]`.
-      positions: [batch, R] absolute position of each slot's token, -1 for an
-        empty slot (which then writes nothing).
+        previous step's returned `hidden[:, :R-1]`.
+      positions: [batch, R+K] absolute position of each slot's token, -1 for
+        an empty slot (which then writes nothing).
       cache: the `KVCache`.
-      speculative_vocab_size: if set, the speculative exits (slots < R-1)
-        score only the first that many ids (SentencePiece lists its most
-        frequent pieces first), the others -inf; the last slot scores the
+      speculative_vocab_size: if set, the speculative exits (every slot but
+        R-1) score only the first that many ids (SentencePiece lists its most
+        frequent pieces first), the others -inf; slot R-1 scores the
         whole vocabulary, so outputs are unchanged and a token outside the
         shortlist can only cost a flush (where R rows cost about R one-row
         matmuls, as on XLA:CPU, this halves the classifier).
@@ -413,45 +421,69 @@ class Decoder(nn.Module):
         None is XLA's ops.
 
     Returns:
-      Each slot's exit logits [batch, R, vocab] (slot s: exit after
-      repetition s+1), each slot's hidden state [batch, R, emb], and the
-      updated cache.
+      Each slot's exit logits [batch, R+K, vocab] (slot s < R: exit after
+      repetition s+1; branch slots: the first exit), each slot's hidden
+      state [batch, R+K, emb], and the updated cache.
     """
     cfg = self.config
+    stages = cfg.num_repeats
     keys, values = list(cache.keys), list(cache.values)
-    bias = self._step_bias(positions, cache.length)           # [b, R, h, len]
-    x = jnp.concatenate([self._embed(tokens[:, None], True, numerics),
-                         carry.astype(cfg.dtype)], axis=1)    # [b, R, emb]
+    tokens = tokens.reshape(tokens.shape[0], -1)
+    branches = tokens.shape[1] - 1
+    slots = stages + branches
+    bias = self._step_bias(positions, cache.length)   # [b, R+K, h, len]
+    embedded = self._embed(tokens, True, numerics)    # [b, 1+K, emb]
+    x = jnp.concatenate([embedded[:, :1], carry.astype(cfg.dtype)] + (
+        [embedded[:, 1:]] if branches else []), axis=1)   # [b, R+K, emb]
+    # The stage whose weights each slot runs; every slot has its own cache.
+    slot_stages = tuple(range(stages)) + (0,) * branches
     for j in range(cfg.num_unique_layers):
       groups = self.stage_groups(j)
       if len(groups) == 1:  # CYCLE: one weight load serves every stage.
         u = next(iter(groups))
         x, keys[j], values[j] = self.layers[u].step(
             x, positions, bias, keys[j], values[j],
-            stages=tuple(range(cfg.num_repeats)),
-            cross=self._step_cross(cache, u, cfg.num_repeats),
-            numerics=numerics)
+            stages=tuple(range(slots)),
+            cross=self._step_cross(cache, u, slots), numerics=numerics)
         continue
       y = x
-      for u, stages in groups.items():
-        idx = np.asarray(stages)
+      for u, group in groups.items():
+        rows = tuple(s for s in range(slots) if slot_stages[s] in group)
+        idx = np.asarray(rows)
         out, keys[j], values[j] = self.layers[u].step(
             x[:, idx], positions[:, idx], bias[:, idx], keys[j], values[j],
-            stages=stages, cross=self._step_cross(cache, u, len(stages)),
+            stages=rows, cross=self._step_cross(cache, u, len(rows)),
             numerics=numerics)
         y = y.at[:, idx].set(out)
       x = y
     cache = cache.replace(keys=tuple(keys), values=tuple(values))
     short, vocab = speculative_vocab_size, cfg.vocab_size
-    if short is None or short >= vocab:
-      return (self.exit_logits(x, numerics=numerics, exit_index='slots'), x,
-              cache)
+    if short is not None and short >= vocab:
+      short = None
+    if not branches:
+      exits = 'slots'
+      if short is None:
+        return (self.exit_logits(x, numerics=numerics, exit_index=exits), x,
+                cache)
+      speculative = self.exit_logits(x[:, :-1], vocab_limit=short,
+                                     numerics=numerics, exit_index=exits)
+      final = self.exit_logits(x[:, -1:], numerics=numerics)
+      return jnp.concatenate([jnp.pad(
+          speculative, ((0, 0), (0, 0), (0, vocab - short)),
+          constant_values=-jnp.inf), final], axis=1), x, cache
+    if short is None:
+      return (self.exit_logits(x, numerics=numerics, exit_index=slot_stages),
+              x, cache)
+    # Every slot but the final stage's (R-1) is speculative.
+    spec = tuple(s for s in range(slots) if s != stages - 1)
     speculative = jnp.pad(self.exit_logits(
-        x[:, :-1], vocab_limit=short, numerics=numerics, exit_index='slots'),
+        x[:, np.asarray(spec)], vocab_limit=short, numerics=numerics,
+        exit_index=tuple(slot_stages[s] for s in spec)),
                           ((0, 0), (0, 0), (0, vocab - short)),
-                          constant_values=-jnp.inf)       # [b, R-1, vocab]
-    final = self.exit_logits(x[:, -1:], numerics=numerics)  # [b, 1, vocab]
-    return jnp.concatenate([speculative, final], axis=1), x, cache
+                          constant_values=-jnp.inf)       # [b, R+K-1, vocab]
+    final = self.exit_logits(x[:, stages - 1:stages], numerics=numerics)
+    return jnp.concatenate([speculative[:, :stages - 1], final,
+                            speculative[:, stages - 1:]], axis=1), x, cache
 
 
 class SpeedTransformer(nn.Module):

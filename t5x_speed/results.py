@@ -55,6 +55,13 @@ class SpeedStats:
       the batch was too large to speculate and the sequential loop did (one
       full-depth step per token, no exits evaluated: flushes,
       stage_evaluations and stage_flips are 0).
+    branch_hits: [batch] flips that a candidate branch absorbed (the
+      verdict named a branch running beside the token it replaced): no
+      flush (`speed_branches`).
+    branch_evaluations: [batch] branch slots run while the example was live.
+    branches: [batch] the candidate branches per step (K; 0 without them or
+      where the sequential loop decoded): each pipelined step runs R + K
+      rows per example.
   """
 
   num_steps: Array
@@ -65,13 +72,16 @@ class SpeedStats:
   stage_flips: Array
   invalid: Array
   pipelined: Array
+  branch_hits: Array
+  branch_evaluations: Array
+  branches: Array
 
   @classmethod
   def zeros(cls, batch: int, stages: int) -> 'SpeedStats':
     z = lambda *s: jnp.zeros(s, jnp.int32)
     return cls(z(batch), z(batch), z(batch), z(batch, stages),
                z(batch, stages), z(batch, stages), z(batch),
-               jnp.ones((batch,), jnp.int32))
+               jnp.ones((batch,), jnp.int32), z(batch), z(batch), z(batch))
 
   @classmethod
   def sequential(cls, produced: Array, stages: int,
@@ -80,10 +90,12 @@ class SpeedStats:
     tokens each: one full-depth (all R stages) step per token."""
     z = jnp.zeros((produced.shape[0], stages), jnp.int32)
     produced = produced.astype(jnp.int32)
+    zero = jnp.zeros_like(produced)
     return cls(num_steps=produced, num_tokens=produced,
                occupied_slots=produced * stages, flushes=z,
                stage_evaluations=z, stage_flips=z, invalid=invalid,
-               pipelined=jnp.zeros_like(produced))
+               pipelined=zero, branch_hits=zero, branch_evaluations=zero,
+               branches=zero)
 
   @classmethod
   def from_aux(cls, aux_values: Mapping[str, Any],
@@ -93,20 +105,26 @@ class SpeedStats:
     `aux_values['speed/<field>']` holds one value per example (a list, as
     seqio and T5X's infer pass them, or an array with the examples first).
     Returns None where the aux holds no SPEED statistics (other decode fns).
-    Aux values written before `pipelined` existed count as pipelined.
+    Aux values written before `pipelined` existed count as pipelined, and
+    before branches as decoded without them.
     """
     if prefix + 'num_steps' not in aux_values:
       return None
     values = dict(aux_values)
-    values.setdefault(prefix + 'pipelined',
-                      np.ones(len(values[prefix + 'num_steps']), np.int32))
+    examples = len(values[prefix + 'num_steps'])
+    values.setdefault(prefix + 'pipelined', np.ones(examples, np.int32))
+    for name in ('branch_hits', 'branch_evaluations', 'branches'):
+      values.setdefault(prefix + name, np.zeros(examples, np.int32))
     return cls(**{f.name: np.stack([np.asarray(v) for v in
                                     values[prefix + f.name]])
                   for f in dataclasses.fields(cls)})
 
   def summary(self) -> Dict[str, float]:
     """Batch totals and rates as Python numbers (host side); a stage's flip
-    rate only where some example ran that stage in the pipeline."""
+    rate only where some example ran that stage in the pipeline.
+
+    'flushes' counts the flips that restarted the pipeline, 'branch_hits'
+    those a branch absorbed; 'rows_per_step' is R + K per example."""
     s = jax.tree.map(lambda x: np.asarray(x, np.float64).sum(0), self)
     stages = s.flushes.shape[0]
     out = {
@@ -118,6 +136,10 @@ class SpeedStats:
         'invalid_examples': float(np.count_nonzero(np.asarray(self.invalid))),
         'pipelined_examples': float(np.count_nonzero(
             np.asarray(self.pipelined))),
+        'branches': float(np.max(np.asarray(self.branches), initial=0)),
+        'branch_hits': float(s.branch_hits),
+        'rows_per_step': float(stages + np.max(np.asarray(self.branches),
+                                               initial=0)),
     }
     for r in range(stages):
       out[f'flushes/stage_{r + 1}'] = float(s.flushes[r])
@@ -137,6 +159,9 @@ class SpeedSchedule:
     predictions: each stage's exit prediction.
     flushes: bool, the stage whose mismatch flushed its successors.
     num_steps: [] loop steps recorded.
+    candidates: with K candidate branches, [steps, batch, R+K, 1+K]: each
+      row's pick and its K runners-up (`speed_branches.runners_up`), the
+      branch rows after the R stages; None without branches.
   """
 
   positions: Array
@@ -144,6 +169,7 @@ class SpeedSchedule:
   predictions: Array
   flushes: Array
   num_steps: Array
+  candidates: Optional[Array] = None
 
 
 @flax.struct.dataclass

@@ -397,7 +397,8 @@ def speed_sample_decode(inputs: Array,
                         max_speculative_rows: Any = 'auto',
                         require_pipeline: bool = False,
                         record_schedule: bool = False,
-                        token_choice: str = 'auto') -> DecodeResult:
+                        token_choice: str = 'auto',
+                        speed_branches: Any = 'auto') -> DecodeResult:
   """SPEED sampling: `sample_decode`'s output from SPEED's pipeline.
 
   The pipeline of `decoding.speed_decode`, each stage sampling its token's
@@ -408,9 +409,12 @@ def speed_sample_decode(inputs: Array,
       cache_offset, initial_index, max_decode_steps,
       max_decode_steps_hard_limit, rescale_log_probs: as `sample_decode`.
     tokens_to_logits, pipeline_step_fn, num_stages, initial_carry,
-      max_speculative_rows, require_pipeline, record_schedule: as
-      `decoding.speed_decode` (`steps.BoundSteps.decode_fn_kwargs` supplies
-      the first four); rows are batch x num_decodes x R. A batch beyond
+      max_speculative_rows, require_pipeline, record_schedule,
+      speed_branches: as `decoding.speed_decode`
+      (`steps.BoundSteps.decode_fn_kwargs` supplies the first four); rows
+      are batch x num_decodes x R. A branch holds the most likely tokens
+      other than the one sampled, and is taken only where the next exit's
+      draw (the same position's noise) names it. A batch beyond
       `max_speculative_rows` samples with `sample_decode`'s loop: the same
       samples.
     token_choice: as `sample_decode`'s.
@@ -437,10 +441,13 @@ def speed_sample_decode(inputs: Array,
   x = _sampler_and_expand('speed_sample_decode', inputs, cache, checked,
                           cache_offset, decode_rng, num_decodes, temperature,
                           topk, topp, rescale_log_probs, token_choice)
+  branches = cpu.dispatch.speed_branches(
+      speed_branches, x.inputs.shape[0], stages, initial_carry.dtype)
   out = speed_loop.speed_or_sequential(
       x.inputs, x.cache, pipeline_step_fn, tokens_to_logits, stages,
       x.repeat(initial_carry), x.checked, x.sampler, max_rows,
-      record_schedule, require_pipeline, fn_name='speed_sample_decode')
+      record_schedule, require_pipeline, fn_name='speed_sample_decode',
+      branches=branches)
   sequences, scores, lengths = _sorted(out.sequences, out.scores, out.lengths,
                                        inputs.shape[0], num_decodes)
   return DecodeResult(

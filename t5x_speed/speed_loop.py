@@ -23,6 +23,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from t5x_speed import decode_args
+from t5x_speed import speed_branches
 from t5x_speed import sequential_loop
 from t5x_speed import token_rules
 from t5x_speed.decode_args import INVALID_STEP_LIMIT
@@ -59,6 +60,10 @@ class SpeedState:
       in one array so that one op per step updates them).
     schedule: `SpeedSchedule`, or None when not recorded.
     step: [] loop steps taken (the loop stops at R * (length + 1)).
+    branch_tokens: [B, K] the candidate branches entering stage 0 beside
+      stage_tokens[:, 0] (`speed_branches`), or None without branches.
+    branch_counts: [B, 2] branches accepted and branch slots run, or None
+      without branches.
   """
 
   stage_positions: Array
@@ -73,6 +78,8 @@ class SpeedState:
   stage_counts: Array
   schedule: Optional[SpeedSchedule]
   step: Array
+  branch_tokens: Optional[Array] = None
+  branch_counts: Optional[Array] = None
 
 
 def check_pipeline(inputs, cache, pipeline_step_fn, num_stages,
@@ -126,10 +133,11 @@ def check_pipeline(inputs, cache, pipeline_step_fn, num_stages,
 def pipelined_loop(inputs: Array, cache: Any,
                    pipeline_step_fn: PipelineStepFn, stages: int,
                    initial_carry: Array, checked: decode_args.Checked,
-                   rule: token_rules.TokenRule, record_schedule: bool = False
+                   rule: token_rules.TokenRule, record_schedule: bool = False,
+                   branches: int = 0
                    ) -> Tuple[SpeedState, SpeedStats, Array]:
   """SPEED's loop (`decoding.speed_decode`), each stage's token chosen by
-  `rule`.
+  `rule`, with `branches` candidate branches (`speed_branches`; 0: none).
 
   Returns:
     (the final `SpeedState`; its `SpeedStats`; scores [batch]:
@@ -143,6 +151,7 @@ def pipelined_loop(inputs: Array, cache: Any,
   # A committed token takes at most R steps (a flush restarts its successor
   # with the final prediction), and at most `length` tokens are committed.
   max_steps = stages * (length + 1)
+  slots = stages + branches
 
   def speed_cond_fn(state: SpeedState) -> Array:
     return ~jnp.all(state.ended) & (state.step < max_steps)
@@ -150,9 +159,17 @@ def pipelined_loop(inputs: Array, cache: Any,
   def speed_body_fn(state: SpeedState) -> SpeedState:
     pos, tok = state.stage_positions, state.stage_tokens
     valid = pos >= 0                                             # [B, R]
-    logits, hidden, cache = pipeline_step_fn(tok[:, 0], state.carry, pos,
-                                             state.cache)
-    preds, last_log_prob = rule.pick(logits, pos + 1)            # [B, R]
+    if branches:
+      branch_pos = jnp.broadcast_to(pos[:, :1], (batch, branches))
+      logits, hidden, cache = pipeline_step_fn(
+          jnp.concatenate([tok[:, :1], state.branch_tokens], 1),
+          state.carry, jnp.concatenate([pos, branch_pos], 1), state.cache)
+      preds, last_log_prob = rule.pick(logits[:, :stages], pos + 1)
+      branch_preds, _ = rule.pick(logits[:, stages:], branch_pos + 1)
+    else:
+      logits, hidden, cache = pipeline_step_fn(tok[:, 0], state.carry, pos,
+                                               state.cache)
+      preds, last_log_prob = rule.pick(logits, pos + 1)          # [B, R]
 
     # The token leaving the last stage commits its final-stage prediction.
     commits = valid[:, -1]
@@ -176,14 +193,36 @@ def pipelined_loop(inputs: Array, cache: Any,
     # The oldest (lowest-position) mismatch wins; later tokens are flushed.
     cut = functools.reduce(jnp.minimum, stage(
         jnp.where(mismatch, pos, length + 1)))                    # [B]
-    survive = valid & (pos <= cut[:, None]) & ~ended[:, None]
-    flushed_by = mismatch & (pos == cut[:, None]) & ~ended[:, None]
+    if branches:
+      # A verdict on stage 0's token that names a branch keeps the pipeline:
+      # that branch takes the token's place, and nothing is flushed.
+      verdict = functools.reduce(jnp.add, stage(
+          jnp.where(mismatch & (pos == cut[:, None]), preds, 0)))
+      hits = ((state.branch_tokens == verdict[:, None]) &
+              ((cut + 1 == pos[:, 0]) & valid[:, 0] & ~ended)[:, None])
+      accepted = jnp.any(hits, -1)                               # [B]
+      which = jnp.argmax(hits, -1)                               # [B]
+      flushed_cut = jnp.where(accepted, length + 1, cut)
+      take = lambda x: jnp.take_along_axis(
+          x, which[:, None], 1)[:, 0]
+      stage0_pred = jnp.where(accepted, take(branch_preds), preds[:, 0])
+      stage0_token = jnp.where(accepted, take(state.branch_tokens), tok[:, 0])
+      stage0_hidden = jnp.where(accepted[:, None],
+                                jnp.take_along_axis(
+                                    hidden[:, stages:], which[:, None, None],
+                                    1)[:, 0], hidden[:, 0])
+      preds_now = preds.at[:, 0].set(stage0_pred)
+      tok_now = tok.at[:, 0].set(stage0_token)
+    else:
+      flushed_cut, preds_now, tok_now = cut, preds, tok
+    survive = valid & (pos <= flushed_cut[:, None]) & ~ended[:, None]
+    flushed_by = mismatch & (pos == flushed_cut[:, None]) & ~ended[:, None]
 
     # The newest survivor's prediction enters stage 0, if within the limit.
     newest_pos = functools.reduce(jnp.maximum, stage(
         jnp.where(survive, pos, -1)))                             # [B]
-    newest_pred = preds[:, 0]
-    for p_s, s_s, t_s in zip(stage(pos), stage(survive), stage(preds)):
+    newest_pred = preds_now[:, 0]
+    for p_s, s_s, t_s in zip(stage(pos), stage(survive), stage(preds_now)):
       newest_pred = jnp.where(s_s & (p_s == newest_pos), t_s, newest_pred)
     new_pos = newest_pos + 1
     enters = (newest_pos >= 0) & (new_pos < max_len)
@@ -191,6 +230,27 @@ def pipelined_loop(inputs: Array, cache: Any,
     # Statistics: tokens run, flushes triggered and flips, per stage.
     flips = valid & (stage_ids > 0) & (preds != state.stage_last_preds)
     counts = jnp.stack([valid, flushed_by, flips], 1).astype(jnp.int32)
+    extra = {}
+    if branches:
+      # The next branches: the runners-up of the row whose prediction
+      # enters, and stage 0's survivor copied into every stage-0 cache.
+      newest_row = jnp.where(accepted, stages + which, 0)
+      for s in range(1, stages):
+        newest_row = jnp.where(survive[:, s] & (pos[:, s] == newest_pos), s,
+                               newest_row)
+      row_logits = jnp.take_along_axis(
+          logits, newest_row[:, None, None], 1)                # [B, 1, V]
+      cache = speed_branches.sync_stage_zero(
+          cache, stages, branches, jnp.where(accepted, stages + which, 0),
+          jnp.where(survive[:, 0], pos[:, 0], -1))
+      extra = dict(
+          branch_tokens=speed_branches.runners_up(
+              row_logits, newest_pred[:, None], branches)[:, 0],
+          branch_counts=state.branch_counts + jnp.stack(
+              [accepted, valid[:, 0] & ~state.ended], 1).astype(jnp.int32) *
+          jnp.asarray([1, branches], jnp.int32))
+      hidden = jnp.concatenate([stage0_hidden[:, None], hidden[:, 1:stages]],
+                               1)
     schedule = state.schedule
     if schedule is not None:
       step = jnp.minimum(schedule.num_steps, max_steps - 1)
@@ -200,15 +260,21 @@ def pipelined_loop(inputs: Array, cache: Any,
           tokens=record(schedule.tokens, tok),
           predictions=record(schedule.predictions, preds),
           flushes=record(schedule.flushes, flushed_by),
-          num_steps=schedule.num_steps + 1)
+          num_steps=schedule.num_steps + 1,
+          candidates=None if schedule.candidates is None else record(
+              schedule.candidates, jnp.concatenate([
+                  jnp.concatenate([preds, branch_preds], 1)[..., None],
+                  speed_branches.runners_up(
+                      logits, jnp.concatenate([preds, branch_preds], 1),
+                      branches)], -1)))
     # Survivors advance one stage; the last stage's token has left.
     shift = lambda first, x: jnp.concatenate([first[:, None], x[:, :-1]], 1)
     return SpeedState(
         stage_positions=shift(jnp.where(enters, new_pos, -1),
                               jnp.where(survive, pos, -1)),
-        stage_tokens=shift(newest_pred, tok),
-        stage_last_preds=shift(jnp.zeros_like(newest_pos), preds),
-        carry=hidden[:, :-1],
+        stage_tokens=shift(newest_pred, tok_now),
+        stage_last_preds=shift(jnp.zeros_like(newest_pos), preds_now),
+        carry=hidden[:, :stages - 1],
         sequences=sequential_loop.write(state.sequences, commit_at,
                                         committed, commits),
         ended=ended,
@@ -218,15 +284,25 @@ def pipelined_loop(inputs: Array, cache: Any,
         num_steps=state.num_steps + ~state.ended,
         stage_counts=state.stage_counts + counts,
         schedule=schedule,
-        step=state.step + 1)
+        step=state.step + 1,
+        **extra)
 
   schedule = None
   if record_schedule:
     buf = lambda dtype: jnp.zeros((max_steps, batch, stages), dtype)
-    schedule = SpeedSchedule(buf(jnp.int32), buf(jnp.int32), buf(jnp.int32),
-                             buf(bool), jnp.zeros((), jnp.int32))
+    schedule = SpeedSchedule(
+        buf(jnp.int32), buf(jnp.int32), buf(jnp.int32), buf(bool),
+        jnp.zeros((), jnp.int32),
+        candidates=jnp.zeros((max_steps, batch, slots, branches + 1),
+                             jnp.int32) if branches else None)
   empty = jnp.full((batch, stages - 1), -1, jnp.int32)
   first = jnp.where(checked.done, -1, initial_index)   # done: empty pipeline
+  extra = {}
+  if branches:
+    cache = speed_branches.add_branch_stages(cache, stages, branches)
+    # No branch is accepted before a verdict, so any tokens do at first.
+    extra = dict(branch_tokens=jnp.zeros((batch, branches), jnp.int32),
+                 branch_counts=jnp.zeros((batch, 2), jnp.int32))
   final = lax.while_loop(speed_cond_fn, speed_body_fn, SpeedState(
       stage_positions=jnp.concatenate([first[:, None], empty], 1),
       stage_tokens=jnp.concatenate([token0[:, None], 0 * empty], 1),
@@ -239,15 +315,20 @@ def pipelined_loop(inputs: Array, cache: Any,
       num_steps=jnp.zeros((batch,), jnp.int32),
       stage_counts=jnp.zeros((batch, 3, stages), jnp.int32),
       schedule=schedule,
-      step=jnp.zeros((), jnp.int32)))
+      step=jnp.zeros((), jnp.int32),
+      **extra))
   invalid = _invalid_flags(checked, final.ended)
   evaluations, flushes, flips = (final.stage_counts[:, i] for i in range(3))
+  branch_counts = (final.branch_counts if branches else
+                   jnp.zeros((batch, 2), jnp.int32))
   # A token commits exactly when it runs at the last stage.
   stats = SpeedStats(
       num_steps=final.num_steps, num_tokens=evaluations[:, -1],
       occupied_slots=evaluations.sum(-1), flushes=flushes,
       stage_evaluations=evaluations, stage_flips=flips, invalid=invalid,
-      pipelined=jnp.ones((batch,), jnp.int32))
+      pipelined=jnp.ones((batch,), jnp.int32),
+      branch_hits=branch_counts[:, 0], branch_evaluations=branch_counts[:, 1],
+      branches=jnp.full((batch,), branches, jnp.int32))
   return final, stats, jnp.where(invalid != 0, jnp.nan, final.log_prob)
 
 
@@ -302,11 +383,13 @@ def speed_or_sequential(
     stages: int, initial_carry: Array, checked: decode_args.Checked,
     rule: token_rules.TokenRule, max_speculative_rows: Optional[int],
     record_schedule: bool = False, require_pipeline: bool = False,
-    fn_name: str = 'speed_decode') -> LoopResult:
+    fn_name: str = 'speed_decode', branches: int = 0) -> LoopResult:
   """SPEED's pipeline, or the sequential loop where `speculates` says no.
 
   Both choose every token by `rule` from the final exit's logits, so the
-  sequences are the same either way.
+  sequences are the same either way. The pipeline runs `branches`
+  candidate branches per example (`speed_branches`): a step takes
+  batch x (R + branches) rows; `max_speculative_rows` bounds batch x R.
 
   Raises:
     ValueError: naming `max_speculative_rows`, where the pipeline would not
@@ -317,7 +400,7 @@ def speed_or_sequential(
                 record_schedule):
     final, stats, scores = pipelined_loop(
         inputs, cache, pipeline_step_fn, stages, initial_carry, checked, rule,
-        record_schedule)
+        record_schedule, branches)
     return LoopResult(final.sequences, scores, stats.num_tokens, stats,
                       final.schedule, True)
   if require_pipeline:

@@ -79,6 +79,7 @@ class Case:
   zero_residuals: bool = False
   adversarial: bool = False    # speculative exits pick the least likely token
   shortlist: bool = False      # also SPEED with speculative_vocab_size
+  swap: bool = False           # the first exit's top two logits swapped
 
   @property
   def arch(self):
@@ -100,20 +101,37 @@ CASES.update({f'adversarial{i}': Case(g, r, 'cycle', seed, seed, 4, 9,
               for i, (g, r, seed) in enumerate(
                   ((2, 3, 11), (4, 3, 12), (2, 6, 13), (1, 4, 14)))})
 CASES['prompt_cache'] = Case(2, 4, 'cycle', 21, 21, 6, 8)
+# Exits that agree, but the first one's top two swapped: every token it
+# starts is flipped at stage 2 to the runner-up a branch carries.
+CASES.update({f'swapped{i}': Case(g, r, 'cycle', 7, 3, 5, 10,
+                                  zero_residuals=True, swap=True)
+              for i, (g, r) in enumerate(((2, 3), (1, 5)))})
+# Branches (BRANCHES of them) are decoded for every case.
+BRANCHES = 2
 
 
-def _instrumented(step, prefilled, lengths, flip):
+def _instrumented(step, prefilled, lengths, flip, swap, r):
   """SPEED's step with the speculative exits' logits times `flip` (-1: the
-  least likely token; +1: unchanged), and every logit negated if an entry of
-  the prompt's cache differs from the prefill's (empty stages, at position
-  -1, must not write over it): a clobbered prompt poisons the committed
-  token."""
+  least likely token; +1: unchanged), the first exit's top two logits
+  swapped where `swap`, and every logit negated if an entry of the prompt's
+  cache differs from the prefill's (empty stages, at position -1, must not
+  write over it): a clobbered prompt poisons the committed token. Slots
+  past the R stages are branches, which run the first exit."""
   def wrapped(tokens, carry, positions, cache):
     logits, hidden, cache = step(tokens, carry, positions, cache)
-    logits = logits.at[:, :-1].multiply(flip)
+    slots = logits.shape[1]
+    speculative = np.asarray([s for s in range(slots) if s != r - 1])
+    logits = logits.at[:, speculative].multiply(flip)
+    first = np.asarray([0] + list(range(r, slots)))
+    top, ids = jax.lax.top_k(logits[:, first], 2)
+    rows = jnp.arange(logits.shape[0])[:, None]
+    swapped = logits.at[rows, first[None], ids[..., 0]].set(top[..., 1])
+    swapped = swapped.at[rows, first[None], ids[..., 1]].set(top[..., 0])
+    logits = jnp.where(swap, swapped, logits)
     prompt = (jnp.arange(cache.length) < lengths[:, None])[:, None, :, None]
     intact = jnp.all(jnp.stack([
-        jnp.all(jnp.where(prompt, new == old, True))
+        jnp.all(jnp.where(prompt, new == jnp.concatenate(
+            [old] + [old[:1]] * (new.shape[0] - r)), True))
         for new, old in zip(cache.keys + cache.values,
                             prefilled.keys + prefilled.values)]))
     return jnp.where(intact, logits, -logits), hidden, cache
@@ -131,12 +149,12 @@ def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
                          num_repeats=r, sharing=sharing)
 
   @functools.partial(jax.jit, compiler_options=inference.COMPILER_OPTIONS)
-  def run(params, prompts, lengths, row_steps, flip):
+  def run(params, prompts, lengths, row_steps, flip, swap):
     bound = steps.BoundSteps(module, params)
     inputs, cache = inference.prepare(bound, prompts, lengths, max_steps,
                                       bidirectional)
 
-    def decode(fn, bound, wrap=lambda step: step):
+    def decode(fn, bound, wrap=lambda step: step, **options):
       kwargs = bound.decode_fn_kwargs(fn, inputs, cache, lengths)
       if 'pipeline_step_fn' in kwargs:
         kwargs['pipeline_step_fn'] = wrap(kwargs['pipeline_step_fn'])
@@ -145,11 +163,16 @@ def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
         kwargs['max_speculative_rows'] = None
       return _generation(decoding.decode(fn, eos_id=1,
                                          max_decode_steps=row_steps,
-                                         **kwargs), lengths, max_steps)
+                                         **kwargs, **options), lengths,
+                         max_steps)
 
+    instrument = lambda step: _instrumented(step, cache, lengths, flip, swap,
+                                            r)
     out = dict(greedy=decode(decoding.greedy_decode, bound),
-               speed=decode(decoding.speed_decode, bound, lambda step:
-                            _instrumented(step, cache, lengths, flip)))
+               speed=decode(decoding.speed_decode, bound, instrument,
+                            speed_branches=0),
+               branch=decode(decoding.speed_decode, bound, instrument,
+                             speed_branches=BRANCHES))
     if shortlist:
       out['short'] = decode(decoding.speed_decode,
                             steps.BoundSteps(module, params, SHORTLIST))
@@ -184,7 +207,8 @@ def _arch_results(arch):
     result = run(params, _pad_rows(prompts, batch, 2),
                  _pad_rows(lengths, batch, 1),
                  _pad_rows(np.full(case.batch, case.steps, np.int32), batch, 1),
-                 jnp.float32(-1.0 if case.adversarial else 1.0))
+                 jnp.float32(-1.0 if case.adversarial else 1.0),
+                 jnp.asarray(case.swap))
     out[name] = (module, params, prompts, lengths,
                  jax.tree.map(lambda x, n=case.batch: x[:n],
                               jax.device_get(result)))
@@ -257,6 +281,14 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
     speed, greedy, r = out['speed'], out['greedy'], CASES[name].r
     assert_speed_equals_greedy(self, module, params, prompts, lengths,
                                CASES[name].steps, speed, greedy)
+    assert_speed_equals_greedy(self, module, params, prompts, lengths,
+                               CASES[name].steps, out['branch'], greedy)
+    branched = out['branch'].stats
+    np.testing.assert_array_equal(branched.num_tokens,
+                                  _produced_count(greedy.tokens, 1))
+    # A branch absorbs a flip or lets it flush; it never adds a step.
+    self.assertTrue(np.all(branched.num_steps <= speed.stats.num_steps))
+    np.testing.assert_array_equal(branched.branches, BRANCHES if r > 1 else 0)
     stats = speed.stats
     produced = _produced_count(greedy.tokens, 1)
     np.testing.assert_array_equal(stats.num_tokens, produced)
@@ -281,6 +313,33 @@ class SpeedEqualsGreedyTest(parameterized.TestCase):
     np.testing.assert_array_equal(speed.stats.num_steps,
                                   speed.stats.num_tokens + CASES[name].r - 1,
                                   name)
+
+
+class BranchTest(parameterized.TestCase):
+
+  @parameterized.parameters(*range(2))
+  def test_branches_absorb_every_runner_up_flip(self, index):
+    """Agreeing exits with the first one's top two swapped: without
+    branches every token it starts is flushed at stage 2; with them the
+    runner-up is in flight every time, so nothing flushes and the pipeline
+    stays full (R - 1 fill steps, then one token per step)."""
+    name = f'swapped{index}'
+    *_, out = _decoded(name)
+    r = CASES[name].r
+    speed, branch, greedy = out['speed'], out['branch'], out['greedy']
+    np.testing.assert_array_equal(speed.tokens, greedy.tokens, name)
+    np.testing.assert_array_equal(branch.tokens, greedy.tokens, name)
+    tokens = branch.stats.num_tokens
+    self.assertGreater(int(speed.stats.flushes[:, 1].sum()), 0, name)
+    np.testing.assert_array_equal(branch.stats.flushes, 0, name)
+    np.testing.assert_array_equal(branch.stats.num_steps, tokens + r - 1,
+                                  name)
+    # Every token's stage-2 prediction flips; each but the last one's had a
+    # successor in flight, on the wrong token, with the right one beside it.
+    np.testing.assert_array_equal(branch.stats.stage_flips[:, 1], tokens,
+                                  name)
+    np.testing.assert_array_equal(branch.stats.branch_hits,
+                                  np.maximum(tokens - 1, 0), name)
 
 
 class ShortlistTest(parameterized.TestCase):

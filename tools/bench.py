@@ -127,6 +127,10 @@ def parser() -> argparse.ArgumentParser:
                  'batches of each batch size.')
   p.add_argument('--repeats', type=int, default=3,
                  help='timed runs of every method; the median is reported.')
+  p.add_argument('--branches', default='1,2',
+                 help='comma-separated candidate branches K of the speed_bK '
+                 'methods (SPEED with speed_branches=K, replaying a schedule '
+                 'recorded with K branches); empty leaves them out.')
   p.add_argument('--speculative_vocab', type=int, default=4096,
                  help='K of the speed_short method; 0 leaves it out.')
   p.add_argument('--out', default='bench_out',

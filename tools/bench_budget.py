@@ -13,7 +13,8 @@ token splits exactly into
                entry and exit (`bench_measure.BatchRun.call_overhead`);
 
 where a method's step cost is its decoding time less its calls' overhead,
-over its loop steps. What is left of SPEED's steps after tokens, fill and
+over its loop steps. SPEED with candidate branches (speed_bK) has a row of
+its own: fewer flushes, at the cost of K more rows per step. What is left of SPEED's steps after tokens, fill and
 flushes ('other', from examples ending inside a flush) is listed too. The
 levers: what SPEED would save per token without flushes, without fill,
 with the G-layer model's step cost and with its prefill.
@@ -80,18 +81,24 @@ def budget(res: Dict[str, Any], stages: int) -> Dict[str, Any]:
   the kernel's or XLA's) and the best unshared G-layer model, and the
   levers in ms per token."""
   rows, calls = res['methods'], res['replay']['calls']
-  chosen = {'SPEED': 'speed',
-            'best greedy': _best(rows, ('greedy', 'greedy_xla')),
-            'G-layer greedy': _best(rows, ('greedy_g', 'greedy_g_xla'))}
+  chosen = {'SPEED': 'speed'}
+  for method, row in rows.items():
+    if row.get('branches') and row.get('pipelined'):
+      k = row['branches']
+      chosen[f'SPEED, {k} branch{"es" if k > 1 else ""}'] = method
+  chosen.update({
+      'best greedy': _best(rows, ('greedy', 'greedy_xla')),
+      'G-layer greedy': _best(rows, ('greedy_g', 'greedy_g_xla'))})
   out = {'config': res['config'], 'length': res['length'],
          'exits': res.get('exits'), 'methods': {}}
   for label, method in chosen.items():
     if method is None:
       continue
-    pipelined = method == 'speed'
+    pipelined = label.startswith('SPEED')
     out['methods'][label] = {
         'method': method, **method_budget(
             rows[method], calls, stages if pipelined else 1,
+            rows[method].get('flushes_per_stage') or
             res['replay']['flushes_per_stage'] if pipelined else None)}
   speed = out['methods']['SPEED']
   flushes = sum(v for k, v in speed['parts'].items()

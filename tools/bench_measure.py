@@ -36,6 +36,8 @@ XLA_BASELINES = ('greedy', 'speed', 'greedy_g', 'greedy_12l',
 # The best greedy is the fastest of these (and of their _xla twins): ours,
 # and T5X's own decode fn at top-k 1 where T5X is installed.
 GREEDY_BASELINES = ('greedy', 't5x_sample')
+# SPEED with K candidate branches is the method f'{BRANCH_PREFIX}{K}'.
+BRANCH_PREFIX = 'speed_b'
 
 
 def memory_bandwidth() -> float:
@@ -81,6 +83,11 @@ def method_configs(g: int, r: int, args,
   falls_back = limit is not None and batch * r > limit
   if falls_back:
     configs['speed' + PIPELINE_SUFFIX] = shared
+  if r > 1 and not args.quick:
+    # Where SPEED falls back, its branches would too: time the pipeline.
+    for k in branch_counts(args):
+      configs[f'{BRANCH_PREFIX}{k}' +
+              (PIPELINE_SUFFIX if falls_back else '')] = shared
   if not args.quick:
     if args.speculative_vocab:
       configs['speed_short'] = shared
@@ -99,8 +106,8 @@ def method_configs(g: int, r: int, args,
     # The budget's methods: SPEED (on the kernels' path), and the greedy
     # baselines and the G-layer model on both paths.
     configs = {m: c for m, c in configs.items()
-               if m == 'speed' or m.removesuffix(XLA_SUFFIX) in
-               GREEDY_BASELINES + ('greedy_g',)}
+               if m == 'speed' or branches_of(m) or m.removesuffix(XLA_SUFFIX)
+               in GREEDY_BASELINES + ('greedy_g',)}
   return configs
 
 
@@ -113,10 +120,24 @@ def t5x_available() -> bool:
   return True
 
 
+def branch_counts(args) -> List[int]:
+  """The K of the speed_bK methods (--branches), for R > 1 only."""
+  text = getattr(args, 'branches', '')
+  return [int(k) for k in text.split(',') if k.strip() and int(k) > 0]
+
+
+def branches_of(method: str) -> int:
+  """K of a speed_bK (or speed_bK_pipeline) method, else 0."""
+  k = method.removesuffix(PIPELINE_SUFFIX)[len(BRANCH_PREFIX):]
+  return int(k) if method.startswith(BRANCH_PREFIX) and k.isdigit() else 0
+
+
 def replayed_method(method: str) -> str:
   """The decode method a bench method replays ('speed_xla' -> 'speed',
-  'speed_pipeline' -> 'speed', 'greedy_g' -> 'greedy': the unshared models
-  decode greedily)."""
+  'speed_pipeline' -> 'speed', 'speed_b2' -> 'speed' with branches,
+  'greedy_g' -> 'greedy': the unshared models decode greedily)."""
+  if branches_of(method):
+    return 'speed'
   method = method.removesuffix(XLA_SUFFIX).removesuffix(
       FLOAT_SUFFIX).removesuffix(PIPELINE_SUFFIX)
   return 'greedy' if method in ('greedy_g', 'greedy_12l') else method
@@ -236,6 +257,10 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
     flushes = sum(int(np.asarray(st.flushes).sum()) for st in stats)
     recorded = sum(rec['summary']['flushes'] for rec in recs)
     assert flushes == recorded, 'replay diverged from the recording'
+    branch_hits = sum(int(np.asarray(st.branch_hits).sum()) for st in stats)
+    flushes_per_stage = [int(sum(np.asarray(st.flushes)[:, s].sum()
+                                 for st in stats))
+                         for s in range(cfg.num_repeats)]
     classifier = sizes['classifier'] * (
         1 + args.speculative_vocab / cfg.vocab_size
         if replayed_method(method) == 'speed_short' else 1)
@@ -257,6 +282,12 @@ def _method_row(method, cfg, results, times, recs, reference, sizes, args,
       'replay_consistent': identical,
       'pipelined': pipelined,
       'loop_steps': loop_steps, 'steps_per_token': steps_per_token,
+      'branches': branches_of(method),
+      'rows_per_step': (cfg.num_repeats + branches_of(method)) * batch
+                       if pipelined else batch,
+      'flushes': flushes if pipelined else None,
+      'flushes_per_stage': flushes_per_stage if pipelined else None,
+      'branch_hits': branch_hits if pipelined else None,
       'rows_free_ideal_speedup': (cfg.num_repeats / steps_per_token
                                   if pipelined else None),
       'weight_bytes_per_token': weight_bytes * loop_steps / tokens,
@@ -336,10 +367,11 @@ def records_key(r: int, batch: int, length: str, args) -> str:
   return f'trained_{shared}_{digest}_batch{batch}_{length}'
 
 
-def _record(r: int, batch: int, length: str, args, sources, log, quiet
-            ) -> List[Dict[str, Any]]:
+def _record(r: int, batch: int, length: str, args, sources, log, quiet,
+            branches: int = 0) -> List[Dict[str, Any]]:
   """A row group's schedules, recorded from its source: the committed
-  trained model (--exits trained) or the demo model of R stages."""
+  trained model (--exits trained) or the demo model of R stages, with
+  `branches` candidate branches."""
   if args.exits == 'trained':
     from tools import trained_exits  # pylint: disable=g-import-not-at-top
     src = trained_exits.source(args.models_dir, args.out)
@@ -351,7 +383,7 @@ def _record(r: int, batch: int, length: str, args, sources, log, quiet
           'for it.')
     log(f'recording {src.name}\'s SPEED schedules on '
         f'{trained_exits.prompt_count(length, batch)} {length} prompts')
-    return trained_exits.record_group(src, length, batch)
+    return trained_exits.record_group(src, length, batch, branches)
   if PROMPTS % batch:
     raise ValueError(f'batch size {batch} must divide {PROMPTS}.')
   if r not in sources:
@@ -362,7 +394,7 @@ def _record(r: int, batch: int, length: str, args, sources, log, quiet
       PROMPTS, split='test', min_numbers=low, max_numbers=high)
   log(f'recording the demo model\'s SPEED schedules ({PROMPTS} prompts)')
   recs = [replay.record(sources[r], prompts[i:i + batch],
-                        lengths[i:i + batch])
+                        lengths[i:i + batch], branches=branches)
           for i in range(0, PROMPTS, batch)]
   # What the replayed model learned: its outputs on these prompts.
   recs[0]['exact_match'] = demo_model.exact_match(
@@ -384,18 +416,22 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   progress = progress or common.Progress('bench', 0, quiet=True)
   log = lambda m: progress.log(f'{g}x{r} batch {batch} {length}: {m}')
   sources = {} if sources is None else sources
-  key = records_key(r, batch, length, args)
-  recs = replay.load_records(args.records, key) if args.records else None
-  if recs is not None:
-    log(f'replaying the schedules saved in {args.records}')
-  else:
-    recs = _record(r, batch, length, args, sources, log, progress.quiet)
-    if args.records:
-      replay.save_records(args.records, key, recs)
-  steps = int(recs[0].get('max_decode_steps', demo_model.LENGTHS['targets']))
-  if args.encoder_layers:
-    recs = [replay.encoder_decoder_record(rec) for rec in recs]
   configs = method_configs(g, r, args, batch)
+  by_branches = {}
+  for k in sorted({branches_of(m) for m in configs}):
+    key = records_key(r, batch, length, args) + (f'_branches{k}' if k else '')
+    recs = replay.load_records(args.records, key) if args.records else None
+    if recs is not None:
+      log(f'replaying the schedules saved in {args.records}')
+    else:
+      recs = _record(r, batch, length, args, sources, log, progress.quiet, k)
+      if args.records:
+        replay.save_records(args.records, key, recs)
+    if args.encoder_layers:
+      recs = [replay.encoder_decoder_record(rec) for rec in recs]
+    by_branches[k] = recs
+  recs = by_branches[0]
+  steps = int(recs[0].get('max_decode_steps', demo_model.LENGTHS['targets']))
   runs = {}
   for method, cfg in configs.items():
     weights = weights_of(method, args)
@@ -409,8 +445,10 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
     prefill = replay.replay_prefill(module, steps)
     decode = replay.replay_decode(replayed_method(method), module,
                                   args.speculative_vocab,
-                                  max_speculative_rows(method), steps)
-    runs[method] = [BatchRun(prefill, decode, params, rec) for rec in recs]
+                                  max_speculative_rows(method), steps,
+                                  branches_of(method))
+    runs[method] = [BatchRun(prefill, decode, params, rec)
+                    for rec in by_branches[branches_of(method)]]
     log(f'compiling {method}')
     runs[method][0]()
     progress.advance()
@@ -429,7 +467,8 @@ def bench_case(g: int, r: int, batch: int, length: str, args, models,
   # (decoder-only), or BOS and targets plus the encoded prompt.
   cache_length = recs[0]['prompts'].shape[1] + 1 + steps
   rows = {method: _method_row(method, configs[method], results, times[method],
-                              recs, outputs['greedy'],
+                              by_branches[branches_of(method)],
+                              outputs['greedy'],
                               sizes[weights_of(method, args)], args, batch,
                               cache_length, bandwidth)
           for method, results in outputs.items()}

@@ -38,20 +38,29 @@ def _group(res: Dict[str, Any]) -> str:
           f'{res["length"]} |')
 
 
+def _speed_methods(rows: Dict[str, Any]) -> List[str]:
+  """SPEED as users get it, then with each number of candidate branches."""
+  return ['speed'] + [m for m, row in rows.items()
+                      if row.get('branches') and m != 'speed']
+
+
 def headline(results: List[Dict[str, Any]]) -> List[str]:
-  """Per row group: SPEED against the best greedy, end to end and decoding
-  alone, and its latency against the unshared G-layer model."""
-  lines = ['| config | exits | batch | length | steps/token | best greedy, '
-           'ms/token (method) | SPEED, ms/token | SPEED vs best greedy | '
-           'decoding alone: best greedy / SPEED, ms/token | decoding alone: '
-           'SPEED vs best greedy | latency vs G-layer |', '|' + '---|' * 11]
+  """Per row group: SPEED (and SPEED with candidate branches) against the
+  best greedy, end to end and decoding alone, and its latency against the
+  unshared G-layer model."""
+  lines = ['| config | exits | batch | length | SPEED method | steps/token | '
+           'best greedy, ms/token (method) | SPEED, ms/token | SPEED vs best '
+           'greedy | decoding alone: best greedy / SPEED, ms/token | '
+           'decoding alone: SPEED vs best greedy | latency vs G-layer |',
+           '|' + '---|' * 12]
   for res in results:
     rows, best = res['methods'], res.get('best_greedy', {})
-    speed = rows['speed']
     e2e = rows.get(best.get('end_to_end'), rows['greedy'])
     dec = rows.get(best.get('decode'), rows['greedy'])
-    lines.append(
-        f'{_group(res)} {speed["steps_per_token"]:.2f} | '
+    for method in _speed_methods(rows):
+      speed = rows[method]
+      lines.append(
+        f'{_group(res)} {method} | {speed["steps_per_token"]:.2f} | '
         f'{e2e["ms_per_token_per_sequence"]:.2f} '
         f'({best.get("end_to_end", "greedy")}) | '
         f'{speed["ms_per_token_per_sequence"]:.2f} | '
@@ -82,6 +91,8 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
            'batch (prefill included); decode columns: decoding alone. Best '
            'greedy: the fastest of greedy, t5x_sample (T5X\'s '
            f'temperature_sample at top-k 1) and their _xla twins{ours_only}. '
+           'speed_bK: SPEED with K candidate branches (rows/step = batch x '
+           '(R + K); a flip to a branch costs no flush: branch hits). '
            'rows-free ideal = R / steps per token; bytes ideal = greedy\'s '
            'bytes per token / the method\'s (weights + KV cache); '
            'bandwidth-bound = time those bytes take at the bandwidth probed '
@@ -92,8 +103,9 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
            '| config | exits | batch | length | method | tokens/s | '
            'vs greedy | vs best greedy | decode tokens/s | decode '
            'ms/token/seq | decode vs greedy | decode vs best greedy | decode '
-           'vs G-layer | steps/token | rows-free ideal | bytes ideal | '
-           'bandwidth-bound | replay consistent |', '|' + '---|' * 18]
+           'vs G-layer | steps/token | rows/step | flushes | branch hits | '
+           'rows-free ideal | bytes ideal | bandwidth-bound | replay '
+           'consistent |', '|' + '---|' * 21]
   for res in results:
     for method, row in res['methods'].items():
       lines.append(
@@ -106,7 +118,8 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
           f'{row["decode_vs_greedy_same_model"]:.2f}x | '
           f'{ratio(row.get("decode_vs_best_greedy"))} | '
           f'{ratio(row.get("decode_vs_unshared_g_layers"))} | '
-          f'{row["steps_per_token"]:.2f} | '
+          f'{row["steps_per_token"]:.2f} | {row.get("rows_per_step", "–")} | '
+          f'{_count(row.get("flushes"))} | {_count(row.get("branch_hits"))} | '
           f'{ratio(row["rows_free_ideal_speedup"])} | '
           f'{row["bytes_ideal_speedup"]:.2f}x | '
           f'{row["bandwidth_bound_fraction"]:.0%} | '
@@ -136,6 +149,10 @@ def markdown(results: List[Dict[str, Any]], meta: Dict[str, Any],
   if ctranslate2:
     lines += ['', *ctranslate2_lines(results, meta, ctranslate2)]
   return '\n'.join(lines)
+
+
+def _count(value: Optional[int]) -> str:
+  return '–' if value is None else str(value)
 
 
 def _learned(res: Dict[str, Any]) -> str:

@@ -71,6 +71,7 @@ class Group:
   encoder_repeats: int = 1
   encoder_length: int = 0
   exit_adapter_rank: Optional[int] = None
+  branches: int = 0           # SPEED's speed_branches
 
   def config(self) -> network.TransformerConfig:
     return network.TransformerConfig(
@@ -112,6 +113,10 @@ def draw_group(rng: np.random.RandomState, dtype: str,
   adapters, rank = rng.rand() < 0.5, int(rng.choice([0, 1, 4, 8]))
   if adapters and group.r > 1:
     group = dataclasses.replace(group, exit_adapter_rank=rank)
+  # Candidate branches in three groups of four (a one-stage model has none).
+  branches = int(rng.choice(4, p=(0.25, 0.35, 0.25, 0.15)))
+  if group.r > 1:
+    group = dataclasses.replace(group, branches=branches)
   return group
 
 
@@ -201,7 +206,8 @@ class Compiled:
     self.greedy = _map_cases(decoder('greedy_decode'), jit, one_at_a_time)
     # The pipeline at every batch size: by default a batch beyond the
     # backend's max_speculative_rows runs greedy's own loop.
-    self.speed = _map_cases(decoder('speed_decode', max_speculative_rows=None),
+    self.speed = _map_cases(decoder('speed_decode', max_speculative_rows=None,
+                                    speed_branches=group.branches),
                             jit, one_at_a_time)
     self.forward = jit(jax.vmap(forward))
     # Where every decode-step matmul of both loops runs on the row-independent
@@ -209,7 +215,8 @@ class Compiled:
     # must be greedy's exactly, near-tie or not.
     self.bit_exact = (one_at_a_time and not excess_precision and
                       build.available() and
-                      group.batch * group.r <= matmul.MAX_ROWS)
+                      group.batch * (group.r + group.branches) <=
+                      matmul.MAX_ROWS)
 
 
 def _map_cases(fn, jit, one_at_a_time: bool):

@@ -63,6 +63,8 @@ class Report:
   speed_mismatches: int = 0      # rows where SPEED's tokens are not greedy's
   unclassified: int = 0          # bf16 mismatches of differently rounded runs
   flushes: int = 0
+  branched_cases: int = 0        # cases decoded with candidate branches
+  branch_hits: int = 0           # flips a branch absorbed (no flush)
   seconds: float = 0.0
   bugs: List[str] = dataclasses.field(default_factory=list)
   ties: List[str] = dataclasses.field(default_factory=list)
@@ -75,6 +77,8 @@ class Report:
         f'  tokens compared SPEED vs greedy: {self.tokens_compared}; greedy '
         f'vs uncached forward: {self.forward_tokens}; SPEED flushes: '
         f'{self.flushes}',
+        f'  cases with candidate branches: {self.branched_cases}; flips a '
+        f'branch absorbed: {self.branch_hits}',
         f'  rows exact: {self.exact_rows}/{self.rows}; SPEED != greedy in '
         f'{self.speed_mismatches} rows '
         f'({self.speed_mismatches / max(self.rows, 1):.3%})',
@@ -156,6 +160,8 @@ def check_case(group: Any, report: Report, case_id: str, bit_exact: bool,
 
   report.cases += 1
   report.flushes += int(np.asarray(stats.flushes).sum())
+  report.branched_cases += int(getattr(group, 'branches', 0) > 0)
+  report.branch_hits += int(np.asarray(stats.branch_hits).sum())
   num_tokens, invalid = np.asarray(stats.num_tokens), np.asarray(stats.invalid)
   for b in range(batch):
     report.rows += 1

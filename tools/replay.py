@@ -82,14 +82,15 @@ def with_xla_matmuls(module):
 
 def record(source: Tuple[network.SpeedTransformer, Any], prompts: np.ndarray,
            lengths: np.ndarray,
-           max_decode_steps: int = demo_model.LENGTHS['targets']
-           ) -> Dict[str, Any]:
-  """The source model's SPEED schedule and tokens on one batch of prompts."""
+           max_decode_steps: int = demo_model.LENGTHS['targets'],
+           branches: int = 0) -> Dict[str, Any]:
+  """The source model's SPEED schedule (with `branches` candidate branches)
+  and tokens on one batch of prompts."""
   module, params = source
   out = inference.generate(module, params, prompts, lengths,
                            max_decode_steps=max_decode_steps,
                            method='speed', bidirectional=True,
-                           record_schedule=True)
+                           record_schedule=True, speed_branches=branches)
   return replay_record(out, prompts, lengths)
 
 
@@ -99,7 +100,9 @@ def replay_record(out: inference.Generation, prompts: np.ndarray,
   replay's inputs: the prompts, the produced token at each position (which
   the sequential replay forces), each step's exit predictions and the
   decode's `max_decode_steps` (the produced width), which the replay's
-  cache and limit follow."""
+  cache and limit follow. With candidate branches the predictions are
+  the schedule's candidates, [steps, batch, R+K, 1+K] (each row's pick and
+  runners-up, all forced in the replay), and 'branches' is K."""
   produced = np.asarray(out.tokens)
   batch = prompts.shape[0]
   width = prompts.shape[1] + 1 + produced.shape[1]
@@ -109,7 +112,11 @@ def replay_record(out: inference.Generation, prompts: np.ndarray,
     by_position[b, start:start + produced.shape[1]] = produced[b]
   return {'prompts': prompts, 'lengths': lengths, 'by_position': by_position,
           'produced': produced,
-          'predictions': np.asarray(out.schedule.predictions),
+          'predictions': np.asarray(
+              out.schedule.predictions if out.schedule.candidates is None
+              else out.schedule.candidates),
+          'branches': (0 if out.schedule.candidates is None else
+                       out.schedule.candidates.shape[-1] - 1),
           'summary': out.stats.summary(),
           'row_tokens': np.asarray(out.stats.num_tokens),
           'tokens': int(np.asarray(out.stats.num_tokens).sum()),
@@ -131,14 +138,19 @@ def encoder_decoder_record(rec: Dict[str, Any]) -> Dict[str, Any]:
 
 def _force(logits, forced):
   """`logits` [..., vocab] with FORCE at each row's `forced` id ([...]; an
-  id outside the vocabulary forces nothing). Writes one element per row:
-  a mask over the vocabulary would be a pass over every row's logits, which
-  the decode being timed does not make."""
+  id outside the vocabulary forces nothing), or, with `forced` [..., C],
+  FORCE / (c + 1) at its c-th id: the ranking a branching schedule
+  recorded. Writes C elements per row: a mask over the vocabulary would be
+  a pass over every row's logits, which the decode being timed does not
+  make."""
   vocab = logits.shape[-1]
   flat = logits.reshape(-1, vocab)
-  ids = forced.reshape(-1)
+  ids = forced.reshape(flat.shape[0], -1)
   ids = jnp.where((ids < 0) | (ids >= vocab), vocab, ids)
-  flat = flat.at[jnp.arange(flat.shape[0]), ids].set(FORCE, mode='drop')
+  values = FORCE / jnp.arange(1, ids.shape[1] + 1, dtype=flat.dtype)
+  rows = jnp.arange(flat.shape[0])[:, None]
+  flat = flat.at[rows, ids].set(
+      jnp.broadcast_to(values, ids.shape), mode='drop')
   return flat.reshape(logits.shape)
 
 
@@ -168,6 +180,8 @@ def _replayed_pipeline_step(pipeline_step_fn, predictions):
     kv, step = cache
     logits, hidden, kv = pipeline_step_fn(tokens, carry, positions, kv)
     forced = predictions[jnp.minimum(step, predictions.shape[0] - 1)]
+    # The decode fn's argument check calls this step without branches.
+    forced = forced[:, :logits.shape[1]]
     return _force(logits, forced), hidden, (kv, step + 1)
   return fn
 
@@ -209,10 +223,12 @@ def _decode_fn(method: str):
 def replay_decode(method: str, module: network.SpeedTransformer,
                   speculative_vocab: int = 0,
                   max_speculative_rows: Any = None,
-                  max_decode_steps: int = demo_model.LENGTHS['targets']):
+                  max_decode_steps: int = demo_model.LENGTHS['targets'],
+                  speed_branches: int = 0):
   """jit fn(params, inputs, cache, lengths, by_position, predictions,
   sample=None) -> `DecodeResult`, decoding a recorded batch from
-  `replay_prefill`'s output. See `replay_decoder`."""
+  `replay_prefill`'s output. See `replay_decoder`; `speed_branches`: the
+  SPEED methods' candidate branches, those of the recording."""
   if method not in METHODS:
     raise ValueError(f'method must be one of {METHODS}, got {method!r}.')
   decode_fn = _decode_fn(method)
@@ -235,7 +251,8 @@ def replay_decode(method: str, module: network.SpeedTransformer,
                                                    predictions),
           num_stages=module.config.num_repeats,
           initial_carry=bound.initial_carry(inputs.shape[0]),
-          max_speculative_rows=max_speculative_rows, **kwargs)
+          max_speculative_rows=max_speculative_rows,
+          speed_branches=speed_branches, **kwargs)
     if method == 't5x_sample':
       kwargs.update(topk=1, temperature=0.0)
     return decoding.decode(decode_fn, cache=cache, tokens_to_logits=forced,
@@ -247,7 +264,8 @@ def replay_decode(method: str, module: network.SpeedTransformer,
 def replay_decoder(method: str, module: network.SpeedTransformer,
                    speculative_vocab: int = 0,
                    max_speculative_rows: Any = None,
-                   max_decode_steps: int = demo_model.LENGTHS['targets']):
+                   max_decode_steps: int = demo_model.LENGTHS['targets'],
+                   speed_branches: int = 0):
   """jit fn(params, prompts, lengths, by_position, predictions, sample=None)
   -> `DecodeResult`, replaying a recorded batch, prefill included.
 
@@ -260,10 +278,12 @@ def replay_decoder(method: str, module: network.SpeedTransformer,
   pipeline at any batch; 'auto' decodes as users get it (sequentially
   beyond the backend's limit, `decoding.speed_decode`).
   `max_decode_steps`: the recording's (the demo's by default).
+  `speed_branches`: the recording's candidate branches (its 'branches').
   """
   prefill = replay_prefill(module, max_decode_steps)
   decode_batch = replay_decode(method, module, speculative_vocab,
-                               max_speculative_rows, max_decode_steps)
+                               max_speculative_rows, max_decode_steps,
+                               speed_branches)
 
   @jax.jit
   def run(params, prompts, lengths, by_position, predictions, sample=None):

@@ -73,9 +73,11 @@ def held_out(src: Source, length: str, count: int
   return (*prompts, table.long_length)
 
 
-def record_group(src: Source, length: str, batch: int) -> List[Dict[str, Any]]:
-  """The model's SPEED schedules on a row group's prompts in batches of
-  `batch`; the first record also holds what the model learned on them."""
+def record_group(src: Source, length: str, batch: int, branches: int = 0
+                 ) -> List[Dict[str, Any]]:
+  """The model's SPEED schedules (with `branches` candidate branches) on a
+  row group's prompts in batches of `batch`; the first record also holds
+  what the model learned on them."""
   if length not in LENGTHS:
     raise ValueError(f'length must be one of {LENGTHS}, got {length!r}.')
   count = prompt_count(length, batch)
@@ -84,7 +86,7 @@ def record_group(src: Source, length: str, batch: int) -> List[Dict[str, Any]]:
                      'prompts.')
   prompts, lengths, refs, steps = held_out(src, length, count)
   recs = [replay.record((src.module, src.params), prompts[i:i + batch],
-                        lengths[i:i + batch], steps)
+                        lengths[i:i + batch], steps, branches)
           for i in range(0, count, batch)]
   vocab = src.committed.vocab
   texts = [vocab.decode(common.tokens_until_eos(row))

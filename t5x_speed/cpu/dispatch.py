@@ -50,7 +50,7 @@ import dataclasses
 import enum
 import functools
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +63,8 @@ from t5x_speed.cpu import matmul
 
 __all__ = ['DecodeNumerics', 'Matmul', 'decode_numerics', 'token_kernel',
            'check_token_choice', 'max_speculative_rows', 'TOKEN_CHOICES',
-           'MATVEC_MAX_ROWS', 'CPU_MAX_SPECULATIVE_ROWS']
+           'MATVEC_MAX_ROWS', 'CPU_MAX_SPECULATIVE_ROWS', 'speed_branches',
+           'CPU_AUTO_BRANCHES']
 
 # Per-row GEMVs: at most this many rows, and weights of at most this many
 # elements (16 MiB of float32, within a CPU's last-level cache).
@@ -74,6 +75,10 @@ MATVEC_MAX_WEIGHT_ELEMENTS = 4 * 1024 * 1024
 # full-depth step on CPU with the kernels (docs/performance.md, large
 # batches).
 CPU_MAX_SPECULATIVE_ROWS = 8
+
+# SPEED's candidate branches per example that 'auto' picks on CPU, by
+# activation dtype, at batch 1 (docs/performance.md, "Candidate branches").
+CPU_AUTO_BRANCHES = {'float32': 0, 'bfloat16': 0}
 
 # Values of a decode fn's `token_choice`.
 TOKEN_CHOICES = ('auto', 'kernel', 'xla')
@@ -238,3 +243,31 @@ def max_speculative_rows(value) -> Optional[int]:
     raise ValueError("max_speculative_rows must be 'auto', None or an "
                      f'integer >= 1, got {value!r}.')
   return int(value)
+
+
+def speed_branches(value, batch: int, stages: int, dtype: Any) -> int:
+  """SPEED's `speed_branches` argument as K, the branches per example.
+
+  Args:
+    value: 'auto' (on a CPU backend `CPU_AUTO_BRANCHES[dtype]` at batch 1,
+      none at larger batches, where the rows are better spent on examples;
+      none on other backends, where they have not been measured), or an
+      integer >= 0 (0: today's pipeline, the same program).
+    batch: rows decoded at once (examples x decodes).
+    stages: R; a model with one stage has no verdict to branch on, so it
+      gets none.
+    dtype: the activations' dtype.
+
+  Raises:
+    ValueError: naming `speed_branches`, for any other value.
+  """
+  if isinstance(value, str) and value == 'auto':
+    if jax.default_backend() != 'cpu' or batch != 1:
+      value = 0
+    else:
+      value = CPU_AUTO_BRANCHES.get(jnp.dtype(dtype).name, 0)
+  elif (isinstance(value, (bool, np.bool_)) or
+        not isinstance(value, (int, np.integer)) or value < 0):
+    raise ValueError("speed_branches must be 'auto' or an integer >= 0, got "
+                     f'{value!r}.')
+  return int(value) if stages > 1 else 0

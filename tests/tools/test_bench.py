@@ -83,7 +83,7 @@ class FlagsTest(absltest.TestCase):
     text = ' '.join(parser.format_help().split())
     actions = parser._actions  # pylint: disable=protected-access
     flags = [a for a in actions if a.dest != 'help']
-    self.assertLen(flags, 19)
+    self.assertLen(flags, 20)
     for action in flags:
       self.assertTrue(action.help, action.dest)
       self.assertIn(f'(default: {action.default})', text, action.dest)
@@ -103,7 +103,7 @@ class FlagsTest(absltest.TestCase):
                  '--speculative_vocab', '--out', '--demo_out', '--quick',
                  '--quiet'):
       self.assertIn(flag, text)
-    self.assertEqual(text.count('(default: '), 19)
+    self.assertEqual(text.count('(default: '), 20)
     # The module docstring keeps its layout.
     self.assertIn('\n  speed_short   speed_decode', result.stdout)
 
@@ -182,8 +182,8 @@ class BenchRunTest(absltest.TestCase):
          contextlib.redirect_stderr(stderr):
       self.assertEqual(bench.main(
           ['--configs', '4x3', '--batch_sizes', '8', '--lengths', 'short',
-           '--repeats', '2', '--speculative_vocab', '40', '--out', out,
-           '--models_dir', models_dir]), 0)
+           '--repeats', '2', '--speculative_vocab', '40', '--branches', '1',
+           '--out', out, '--models_dir', models_dir]), 0)
     # Progress on stderr: the row group, each compile and timed pass, the
     # time left.
     progress = stderr.getvalue()
@@ -196,7 +196,8 @@ class BenchRunTest(absltest.TestCase):
     self.assertEqual((result['config'], result['batch']), ('4x3', 8))
     rows = result['methods']
     expected = {'greedy', 'speed', 'speed_pipeline', 'speed_short',
-                'speed_short_pipeline', 'greedy_g', 'greedy_12l'}
+                'speed_short_pipeline', 'greedy_g', 'greedy_12l',
+                'speed_b1_pipeline'}
     self.assertContainsSubset(expected, set(rows))
     self.assertContainsSubset(set(rows), expected | {'t5x_sample'})
     self.assertLen(result['bandwidth_probes_gb_s'], 2)  # one per round
@@ -218,6 +219,15 @@ class BenchRunTest(absltest.TestCase):
       self.assertTrue(rows[method]['pipelined'])
       self.assertAlmostEqual(rows[method]['steps_per_token'],
                              result['replay']['steps_per_token'])
+    # One candidate branch replays its own recording: 8 x (3 + 1) rows, and
+    # never more steps than without it.
+    branched = rows['speed_b1_pipeline']
+    self.assertEqual((branched['branches'], branched['rows_per_step']),
+                     (1, 32))
+    self.assertLessEqual(branched['steps_per_token'],
+                         rows['speed_pipeline']['steps_per_token'])
+    self.assertEqual(branched['flushes'] + branched['branch_hits'] > 0,
+                     rows['speed_pipeline']['flushes'] > 0)
     for method in ('greedy', 'speed', 'speed_short'):
       self.assertFalse(rows[method]['pipelined'])
       self.assertEqual(rows[method]['steps_per_token'], 1.0)
@@ -232,7 +242,9 @@ class BenchRunTest(absltest.TestCase):
     with open(os.path.join(out, 'bench.md')) as f:
       table = f.read()
     self.assertIn('| 4x3 | trained | 8 | short | speed_pipeline |', table)
-    self.assertIn('| 4x3 | trained | 8 | short | 1.00 |', table)  # headline
+    self.assertIn('| 4x3 | trained | 8 | short | speed | 1.00 |',
+                  table)  # headline
+    self.assertIn('| 4x3 | trained | 8 | short | speed_b1_pipeline |', table)
     self.assertIn('GB/s median', table)
     self.assertIn('on these 16 prompts it scores BLEU', table)
 
@@ -341,13 +353,14 @@ class BenchRunTest(absltest.TestCase):
          mock.patch.object(bench_measure, 'base_config', _tiny_base):
       self.assertEqual(bench.main(
           ['--budget', '--exits', 'demo', '--lengths', 'short', '--repeats',
-           '1', '--quiet', '--out', out]), 0)
+           '1', '--branches', '1', '--quiet', '--out', out]), 0)
     with open(os.path.join(out, 'budget.json')) as f:
       (budget,) = json.load(f)['budgets']
     with open(os.path.join(out, 'bench.json')) as f:
       (result,) = json.load(f)['results']
     self.assertEqual(set(budget['methods']),
-                     {'SPEED', 'best greedy', 'G-layer greedy'})
+                     {'SPEED', 'SPEED, 1 branch', 'best greedy',
+                      'G-layer greedy'})
     for label, b in budget['methods'].items():
       row = result['methods'][b['method']]
       self.assertLess(row['call_overhead_seconds'] * 16,
