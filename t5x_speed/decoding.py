@@ -276,7 +276,10 @@ def speed_decode(inputs: Array,
   started with 9: position 3 restarts at stage 1 with 7 (step 5) and the
   flushed 3:9 never reaches stage 2. Output: 5 6 7 8 1 in 8 loop steps with
   one flush (greedy: 5 full-depth steps). tests/test_decoding.py replays this
-  table.
+  table. With `speed_branches=1`, were 7 the first exit's second choice for
+  position 3, step 4 would also run 3:7 in a spare row; the middle exit's 7
+  names it, so it takes 3:9's place and nothing is flushed: 5 6 7 8 1 in 7
+  steps (tested there too).
 
   A batch whose step would multiply more than `max_speculative_rows` rows
   (batch x R) decodes with the full-depth `tokens_to_logits` instead, one

@@ -294,6 +294,52 @@ class ControlLogicTest(absltest.TestCase):
     self.assertEqual(int(stats.num_steps[0]), 6)
 
 
+class BranchTest(absltest.TestCase):
+
+  def test_worked_example_with_one_branch(self):
+    # speed_decode's worked example, the first exit's runner-up at position
+    # 3 being 7: at step 4 the middle exit's verdict (7) names the branch
+    # that ran beside 3:9, so nothing is flushed and 7 commits one step
+    # earlier: 5 6 7 8 1 in 7 steps (8 without the branch).
+    final = [5, 6, 7, 8, 1, 0, 0, 0, 0, 0]
+    first = list(final)
+    first[2] = 9
+    table = jnp.asarray([first, final, final])
+    second = jnp.full_like(table, 11).at[0, 2].set(7)
+
+    def step(tokens, carry, positions, cache):
+      del tokens
+      rows = jnp.asarray([0, 1, 2] + [0] * (positions.shape[1] - 3))[None]
+      safe = jnp.clip(positions, 0, table.shape[1] - 1)
+      logits = (10.0 * jax.nn.one_hot(table[rows, safe], VOCAB) +
+                5.0 * jax.nn.one_hot(second[rows, safe], VOCAB))
+      return logits, jnp.zeros(positions.shape + (1,)), cache
+
+    result = decoding.decode(
+        decoding.speed_decode, record_schedule=True,
+        inputs=jnp.zeros((1, 10), jnp.int32), cache=jnp.zeros(()), eos_id=1,
+        pipeline_step_fn=step, num_stages=3,
+        initial_carry=jnp.zeros((1, 2, 1)), speed_branches=1)
+    stats, schedule = result.stats, result.schedule
+    np.testing.assert_array_equal(result.sequences[0, 0, :6],
+                                  [5, 6, 7, 8, 1, 0])
+    self.assertEqual(int(stats.num_steps[0]), 7)
+    self.assertEqual(stats.flushes[0].tolist(), [0, 0, 0])
+    self.assertEqual(int(stats.branch_hits[0]), 1)
+    self.assertEqual(stats.stage_flips[0].tolist(), [0, 1, 0])
+    self.assertEqual(stats.summary()['rows_per_step'], 4.0)
+    # Step 4 (index 3) ran 3:9 with the branch 3:7; step 5 holds 4:8, 3:7.
+    self.assertEqual(schedule.positions[3, 0].tolist(), [3, 2, 1])
+    self.assertEqual(schedule.tokens[3, 0].tolist(), [9, 6, 5])
+    self.assertEqual(schedule.candidates[3, 0, 3].tolist(), [8, 11])
+    self.assertEqual(schedule.positions[4, 0].tolist(), [4, 3, 2])
+    self.assertEqual(schedule.tokens[4, 0].tolist(), [8, 7, 6])
+    # Without the branch: the docstring's 8 steps and one flush.
+    plain = _speed([first, final, final], length=10)
+    self.assertEqual(int(plain.stats.num_steps[0]), 8)
+    self.assertEqual(int(plain.stats.branch_hits[0]), 0)
+
+
 class LargeBatchTest(absltest.TestCase):
   """Beyond max_speculative_rows (batch x R) SPEED runs greedy's loop."""
 

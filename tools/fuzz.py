@@ -2,7 +2,7 @@ r"""Exactness fuzz: SPEED == greedy == an uncached forward, on random models.
 
   python -m tools.fuzz --cases 300 --seed 0 [--dtype float32|bfloat16]
                        [--family decoder_only|encoder_decoder]
-                       [--weights as_given|int8]
+                       [--weights as_given|int8] [--branches drawn|on]
   # A long run in shards (machines or sessions), then their total:
   python -m tools.fuzz --cases 10000 --shard 0/4 --json s0.json ...
   python -m tools.fuzz --merge s0.json s1.json s2.json s3.json
@@ -59,7 +59,8 @@ from tools import fuzz_check
 
 
 def plan(cases: int, seed: int, cases_per_group: int, dtype: str,
-         shard: int = 0, num_shards: int = 1, family: str = 'decoder_only'
+         shard: int = 0, num_shards: int = 1, family: str = 'decoder_only',
+         branches: str = 'drawn'
          ) -> List[Tuple[int, fuzz_cases.Group, int, np.random.RandomState]]:
   """The groups that `shard` of `num_shards` runs: (index, group, cases, rng).
 
@@ -72,7 +73,7 @@ def plan(cases: int, seed: int, cases_per_group: int, dtype: str,
   out = []
   for i in range(shard, -(-cases // cases_per_group), num_shards):
     rng = np.random.RandomState([seed, i])
-    out.append((i, fuzz_cases.draw_group(rng, dtype, family),
+    out.append((i, fuzz_cases.draw_group(rng, dtype, family, branches),
                 min(cases_per_group, cases - i * cases_per_group), rng))
   return out
 
@@ -82,11 +83,14 @@ def run(cases: int, seed: int = 0, dtype: str = 'float32',
         shard: int = 0, num_shards: int = 1, excess_precision: bool = False,
         progress: Optional[common.Progress] = None,
         family: str = 'decoder_only',
-        weights: str = 'as_given') -> fuzz_check.Report:
+        weights: str = 'as_given', branches: str = 'drawn'
+        ) -> fuzz_check.Report:
   """Runs `cases` fuzz cases (or one shard's groups); returns the `Report`.
 
   `excess_precision`: compile with XLA's default precision (see above).
   `weights`: 'int8' decodes each case's weights quantized to int8.
+  `branches`: how groups draw SPEED's candidate branches
+  (`fuzz_cases.BRANCHES`).
   `log` gets a line per finished group; `progress` a line per group started
   and finished, and one unit per case.
   """
@@ -105,7 +109,7 @@ def run(cases: int, seed: int = 0, dtype: str = 'float32',
     raise ValueError(f'family must be one of {fuzz_cases.FAMILIES}, got '
                      f'{family!r}.')
   groups = plan(cases, seed, cases_per_group, dtype, shard, num_shards,
-                family)
+                family, branches)
   if progress is None:
     progress = common.Progress('fuzz', 0, quiet=True)
   progress.total = float(sum(count for _, _, count, _ in groups))
@@ -196,6 +200,9 @@ def parser() -> argparse.ArgumentParser:
                  choices=quantize.DECODE_WEIGHTS,
                  help='int8: every case decodes its weights quantized to int8 '
                  '(t5x_speed.quantize)')
+  p.add_argument('--branches', default='drawn', choices=fuzz_cases.BRANCHES,
+                 help='SPEED\'s candidate branches per group with R > 1: '
+                 'drawn from 0..3, or on (1..3 in every such group).')
   p.add_argument('--cases-per-group', type=int, default=25,
                  help='cases sharing one architecture (one compile)')
   p.add_argument('--shard', type=_shard, default='0/1', metavar='K/N',
@@ -230,10 +237,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  shard=shard, num_shards=num_shards,
                  excess_precision=args.xla_excess_precision,
                  progress=common.Progress('fuzz', 0, quiet=args.quiet),
-                 family=args.family, weights=args.weights)
+                 family=args.family, weights=args.weights,
+                 branches=args.branches)
     if args.json:
       save(args.json, report, seed=args.seed, cases=args.cases,
            dtype=args.dtype, family=args.family, weights=args.weights,
+           branches=args.branches,
            cases_per_group=args.cases_per_group,
            shard=shard, num_shards=num_shards,
            xla_excess_precision=args.xla_excess_precision)

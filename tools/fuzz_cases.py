@@ -93,8 +93,14 @@ class Group:
 FAMILIES = ('decoder_only', 'encoder_decoder')
 
 
+# How a group's candidate branches (SPEED's speed_branches) are drawn:
+# 'drawn' 0..3 (0 a quarter of the time), 'on' 1..3.
+BRANCHES = ('drawn', 'on')
+
+
 def draw_group(rng: np.random.RandomState, dtype: str,
-               family: str = 'decoder_only') -> Group:
+               family: str = 'decoder_only', branches: str = 'drawn'
+               ) -> Group:
   """A random architecture and shapes (see the module docstring)."""
   width = 8 * rng.randint(4, 33)                       # 32..256
   heads = int(rng.choice([h for h in (1, 2, 4, 8) if width // h >= 8]))
@@ -113,10 +119,14 @@ def draw_group(rng: np.random.RandomState, dtype: str,
   adapters, rank = rng.rand() < 0.5, int(rng.choice([0, 1, 4, 8]))
   if adapters and group.r > 1:
     group = dataclasses.replace(group, exit_adapter_rank=rank)
-  # Candidate branches in three groups of four (a one-stage model has none).
-  branches = int(rng.choice(4, p=(0.25, 0.35, 0.25, 0.15)))
+  # Candidate branches (a one-stage model has none).
+  if branches not in BRANCHES:
+    raise ValueError(f'branches must be one of {BRANCHES}, got {branches!r}.')
+  k = int(rng.choice(4, p=(0.25, 0.35, 0.25, 0.15)))
+  if branches == 'on':
+    k = max(k, 1)
   if group.r > 1:
-    group = dataclasses.replace(group, branches=branches)
+    group = dataclasses.replace(group, branches=k)
   return group
 
 

@@ -139,8 +139,10 @@ def speed_statistics(aux_values: Mapping[str, Any]) -> Dict[str, float]:
   speed/steps_per_token, speed/flushes (with speed/flushes/stage_r), the
   flip rate of each stage's exit against the previous stage's
   (speed/flip_rate/stage_r), speed/occupancy, speed/tokens,
-  speed/invalid_examples, speed/pipelined_examples. Empty for decode fns
-  without statistics (greedy).
+  speed/invalid_examples, speed/pipelined_examples, and with candidate
+  branches speed/branches (K), speed/branch_hits (flips absorbed without a
+  flush) and speed/rows_per_step (R + K). Empty for decode fns without
+  statistics (greedy).
 
   Example (two examples of a 2-stage model):
 

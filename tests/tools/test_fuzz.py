@@ -8,8 +8,10 @@ default precision. Encoder-decoder models get the same: 100
 float32 cases in 2 groups (random encoders, encoder lengths and padding) and
 20 bfloat16 cases on the kernel path. 25 float32 cases of int8-quantized
 decoder-only models likewise. Exit adapters sit on one float32 group, the
-int8 group and the encoder-decoder bf16 group. The runner itself must catch
-a broken SPEED and tell a near-tie from a real bug.
+int8 group and the encoder-decoder bf16 group; SPEED runs candidate
+branches (1 to 3) in every group but one encoder-decoder float32 group, and
+branches absorb flips in each slice. The runner itself must catch a broken
+SPEED and tell a near-tie from a real bug.
 """
 
 import dataclasses
@@ -35,13 +37,15 @@ TINY = fuzz_cases.Group(g=1, r=3, sharing='cycle', vocab=17, width=32,
 # The CI slice's run (`fuzz.plan` arguments).
 SLICE = dict(cases=200, seed=0, cases_per_group=100, dtype='float32')
 BF16 = fuzz_cases.Group(g=2, r=3, sharing='cycle', vocab=97, width=96,
-                        heads=2, mlp=128, batch=8, length=12, dtype='bfloat16')
+                        heads=2, mlp=128, batch=8, length=12, dtype='bfloat16',
+                        branches=2)
 ENCDEC_SLICE = dict(cases=100, seed=0, cases_per_group=50, dtype='float32',
                     family='encoder_decoder')
 ENCDEC_BF16 = fuzz_cases.Group(g=2, r=2, sharing='cycle', vocab=61, width=64,
                                heads=2, mlp=96, batch=3, length=10,
                                dtype='bfloat16', encoder_layers=2,
-                               encoder_length=9, exit_adapter_rank=2)
+                               encoder_length=9, exit_adapter_rank=2,
+                               branches=1)
 
 
 class FuzzSliceTest(absltest.TestCase):
@@ -60,6 +64,10 @@ class FuzzSliceTest(absltest.TestCase):
     self.assertGreater(report.tokens_compared, 1000)
     self.assertEqual([g.exit_adapter_rank for _, g, _, _ in
                       fuzz.plan(**SLICE)], [None, 4])
+    self.assertEqual([g.branches for _, g, _, _ in fuzz.plan(**SLICE)],
+                     [3, 3])
+    self.assertEqual(report.branched_cases, 200)
+    self.assertGreater(report.branch_hits, 0)
     # --json writes what --merge reads back (a one-shard run).
     path = os.path.join(tempfile.mkdtemp(), 'slice.json')
     self.addCleanup(os.remove, path)
@@ -89,6 +97,8 @@ class FuzzSliceTest(absltest.TestCase):
     (_, group, _, _), = fuzz.plan(cases=25, seed=2, cases_per_group=25,
                                   dtype='float32')
     self.assertEqual(group.exit_adapter_rank, 8)   # int8 beside adapters
+    self.assertEqual(group.branches, 3)            # and branches
+    self.assertGreater(report.branch_hits, 0)
     self.assertEqual(report.real_bugs, 0, report.bugs[:10])
     self.assertEqual(report.near_ties, 0, report.ties[:10])
     self.assertEqual(report.exact_rows, report.rows)
@@ -106,6 +116,8 @@ class FuzzSliceTest(absltest.TestCase):
     groups = [g for _, g, _, _ in fuzz.plan(**ENCDEC_SLICE)]
     self.assertTrue(all(g.encoder_layers > 0 and g.encoder_length > 0
                         for g in groups))
+    self.assertEqual([g.branches for g in groups], [2, 0])
+    self.assertGreater(report.branch_hits, 0)
     # bfloat16 on the kernel path: SPEED's tokens are greedy's.
     compiled = fuzz_cases.Compiled(ENCDEC_BF16)
     self.assertTrue(compiled.bit_exact)
