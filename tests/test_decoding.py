@@ -409,6 +409,21 @@ class LargeBatchTest(absltest.TestCase):
     for name in ('require_pipeline', 'record_schedule'):
       with self.assertRaisesRegex(ValueError, name):
         decoding.speed_decode(**self.kwargs, **self.pipeline, **{name: 1})
+    for bad in (-1, 'some', True, 1.0):
+      with self.assertRaisesRegex(ValueError, 'speed_branches'):
+        decoding.speed_decode(**self.kwargs, **self.pipeline,
+                              speed_branches=bad)
+
+  def test_auto_branches(self):
+    # 'auto' resolves per backend, batch and dtype before tracing; a
+    # one-stage model and batches beyond 1 get none.
+    resolve = dispatch.speed_branches
+    for dtype in ('float32', 'bfloat16'):
+      self.assertEqual(resolve('auto', 1, 3, dtype),
+                       dispatch.CPU_AUTO_BRANCHES[dtype])
+      self.assertEqual(resolve('auto', 2, 3, dtype), 0)
+    self.assertEqual(resolve(2, 4, 3, 'float32'), 2)
+    self.assertEqual(resolve(np.int64(2), 1, 1, 'float32'), 0)
 
   def test_required_pipeline_refuses_instead_of_falling_back(self):
     for rows in ('auto', 14):

@@ -325,13 +325,18 @@ class GenerateArgumentTest(parameterized.TestCase):
   @parameterized.product(method=['greedy', 'sample'], settings=[
       dict(max_speculative_rows=None), dict(max_speculative_rows=4),
       dict(speculative_vocab_size=16), dict(record_schedule=True),
-      dict(require_pipeline=True)])
+      dict(require_pipeline=True), dict(speed_branches=1)])
   def test_speed_settings_need_a_speed_method(self, method, settings):
     (name, value), = settings.items()
     with self.assertRaisesRegex(
         ValueError, rf"method='{method}'\) does not use {name}={value!r}.*"
         r"SPEED methods \('speed', 'speed_sample'\)"):
       self.generate(method=method, **settings)
+
+  def test_bad_branches_name_the_argument(self):
+    for bad in (-1, 'wide', 1.5):
+      with self.assertRaisesRegex(ValueError, 'speed_branches'):
+        self.generate(method='speed', speed_branches=bad)
 
   def test_defaults_are_not_settings(self):
     # Every method takes every argument at its default, so that one call
@@ -340,8 +345,8 @@ class GenerateArgumentTest(parameterized.TestCase):
       with self.assertRaisesRegex(AssertionError, 'traced'):
         self.generate(method=method, record_schedule=False,
                       speculative_vocab_size=None, max_speculative_rows='auto',
-                      require_pipeline=False, temperature=None, topk=None,
-                      topp=None, rng=None)
+                      require_pipeline=False, speed_branches='auto',
+                      temperature=None, topk=None, topp=None, rng=None)
 
   def test_settings_that_decide_nothing_share_one_program(self):
     # `_generate` is compiled per key: where the pipeline runs anyway (2

@@ -80,6 +80,7 @@ class Case:
   adversarial: bool = False    # speculative exits pick the least likely token
   shortlist: bool = False      # also SPEED with speculative_vocab_size
   swap: bool = False           # the first exit's top two logits swapped
+  branched: bool = False       # also SPEED with BRANCHES candidate branches
 
   @property
   def arch(self):
@@ -88,7 +89,7 @@ class Case:
 
 CASES = {f'random{i}': Case(c['g'], c['r'], c['sharing'], c['seed'],
                             c['seed'], c['batch'], 4 + c['seed'] % 9,
-                            bidirectional=bool(c['seed'] % 2))
+                            bidirectional=bool(c['seed'] % 2), branched=True)
          for i, c in enumerate(_configs(4))}
 CASES.update({f'agreeing{i}': Case(g, r, 'cycle', 7, 3, 5, 10,
                                    zero_residuals=True)
@@ -97,16 +98,17 @@ CASES.update({f'shortlist{i}': Case(g, r, 'cycle', seed, seed, 5, 10,
                                     shortlist=True)
               for i, (g, r, seed) in enumerate(((2, 3, 41), (1, 4, 43)))})
 CASES.update({f'adversarial{i}': Case(g, r, 'cycle', seed, seed, 4, 9,
-                                      adversarial=True)
+                                      adversarial=True, branched=True)
               for i, (g, r, seed) in enumerate(
                   ((2, 3, 11), (4, 3, 12), (2, 6, 13), (1, 4, 14)))})
-CASES['prompt_cache'] = Case(2, 4, 'cycle', 21, 21, 6, 8)
+CASES['prompt_cache'] = Case(2, 4, 'cycle', 21, 21, 6, 8, branched=True)
 # Exits that agree, but the first one's top two swapped: every token it
 # starts is flipped at stage 2 to the runner-up a branch carries.
 CASES.update({f'swapped{i}': Case(g, r, 'cycle', 7, 3, 5, 10,
-                                  zero_residuals=True, swap=True)
+                                  zero_residuals=True, swap=True,
+                                  branched=True)
               for i, (g, r) in enumerate(((2, 3), (1, 5)))})
-# Branches (BRANCHES of them) are decoded for every case.
+# Candidate branches of the cases that are also decoded with them.
 BRANCHES = 2
 
 
@@ -142,7 +144,8 @@ def _generation(result, lengths, max_steps):
   return inference.Generation.from_result(result, lengths, max_steps)
 
 
-def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
+def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist,
+                  branched):
   """Jitted decodes of one padded case, as `inference.generate` compiles
   them, but with one step limit per row: {'greedy', 'speed'[, 'short']}."""
   module, _ = tiny_model(vocab_size=VOCAB, num_unique_layers=g,
@@ -170,9 +173,10 @@ def _arch_program(g, r, sharing, bidirectional, max_steps, shortlist):
                                             r)
     out = dict(greedy=decode(decoding.greedy_decode, bound),
                speed=decode(decoding.speed_decode, bound, instrument,
-                            speed_branches=0),
-               branch=decode(decoding.speed_decode, bound, instrument,
-                             speed_branches=BRANCHES))
+                            speed_branches=0))
+    if branched:
+      out['branch'] = decode(decoding.speed_decode, bound, instrument,
+                             speed_branches=BRANCHES)
     if shortlist:
       out['short'] = decode(decoding.speed_decode,
                             steps.BoundSteps(module, params, SHORTLIST))
@@ -197,7 +201,8 @@ def _arch_results(arch):
   batch = max(case.batch for case in cases)
   max_steps = max(case.steps for case in cases)
   module, run = _arch_program(*arch, max_steps,
-                              any(case.shortlist for case in cases))
+                              any(case.shortlist for case in cases),
+                              any(case.branched for case in cases))
   out = {}
   for name, case in zip(names, cases):
     _, params = _model(case.g, case.r, case.sharing, case.seed)
@@ -364,6 +369,8 @@ class AdversarialSpeculationTest(parameterized.TestCase):
     speed, r = out['speed'], CASES[name].r
     assert_speed_equals_greedy(self, module, params, prompts, lengths, 9,
                                speed, out['greedy'])
+    assert_speed_equals_greedy(self, module, params, prompts, lengths, 9,
+                               out['branch'], out['greedy'])
     stats = speed.stats
     self.assertGreater(int(stats.flushes[:, -1].sum()), 0, name)
     # Nothing speculative survives: every token takes about R steps.
@@ -373,9 +380,11 @@ class AdversarialSpeculationTest(parameterized.TestCase):
   def test_prompt_cache_is_never_overwritten(self):
     """Empty stages (position -1) must not write over prompt entries: the
     instrumented step poisons the output of a case whose prompt cache
-    changed (every case's SPEED runs with it)."""
+    changed (every case's SPEED runs with it; with branches, their copies
+    of stage 1's cache are checked too)."""
     *_, out = _decoded('prompt_cache')
     np.testing.assert_array_equal(out['speed'].tokens, out['greedy'].tokens)
+    np.testing.assert_array_equal(out['branch'].tokens, out['greedy'].tokens)
 
 
 class RaggedBatchTest(absltest.TestCase):

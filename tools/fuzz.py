@@ -15,7 +15,9 @@ everywhere), ragged prompts, and per-row decode limits and EOS ids
 run compares greedy with EOS against
 greedy without it, SPEED against greedy (tokens; in float32 also scores and
 statistics), and greedy against the model's uncached forward pass
-(`tools.fuzz_check`).
+(`tools.fuzz_check`). SPEED runs with 0-3 candidate branches per group
+(`speed_branches`; --branches on: 1-3), and the report counts the flips
+they absorbed.
 
 Everything is compiled as `inference.generate` compiles
 (`inference.COMPILER_OPTIONS`: bf16 values rounded where the program says);
