@@ -291,13 +291,15 @@ def _sorted(sequences: Array, scores: Array, lengths: Array, batch: int,
 def _per_example(stats: SpeedStats, batch: int,
                  num_decodes: int) -> SpeedStats:
   """Stats of the batch * num_decodes rows -> one row per example: the
-  counters summed over its decodes, the invalid flags or-ed."""
+  counters summed over its decodes, the invalid flags or-ed, the pipeline
+  and branch settings (the same for every decode) kept."""
   split = lambda x: x.reshape((batch, num_decodes) + x.shape[1:])
   summed = jax.tree.map(lambda x: split(x).sum(1), stats)
   return summed.replace(
       invalid=lax.reduce(split(stats.invalid), np.int32(0), lax.bitwise_or,
                          (1,)),
-      pipelined=split(stats.pipelined).max(1))
+      pipelined=split(stats.pipelined).max(1),
+      branches=split(stats.branches).max(1))
 
 
 @decoding.declare_decode_fn(pipelined=False)

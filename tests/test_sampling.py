@@ -295,18 +295,24 @@ class GenerateTest(absltest.TestCase):
     # The rows count every decode: 2 examples x 2 decodes x R = 3.
     fn = sampling.speed_sample_decode
 
-    @functools.partial(jax.jit, static_argnums=1)
-    def decode(params, rows):  # one program, where eager ops compile apart
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def decode(params, rows, branches):  # one program per setting
       bound = steps.BoundSteps(module, params)
       inputs, cache = inference.prepare(bound, prompts, lengths, 8, True)
       return decoding.decode(
           fn, **bound.decode_fn_kwargs(fn, inputs, cache, lengths), eos_id=-1,
           decode_rng=jax.random.PRNGKey(5), num_decodes=2,
-          max_speculative_rows=rows)
-    outs = [decode(params, rows) for rows in (11, 12)]
-    np.testing.assert_array_equal(outs[0].sequences, outs[1].sequences)
+          max_speculative_rows=rows, speed_branches=branches)
+    outs = [decode(params, rows, branches)
+            for rows, branches in ((11, 0), (12, 0), (12, 2))]
+    for out in outs[1:]:   # candidate branches draw the same samples
+      np.testing.assert_array_equal(outs[0].sequences, out.sequences)
     self.assertEqual([np.asarray(o.stats.pipelined).tolist() for o in outs],
-                     [[0, 0], [1, 1]])
+                     [[0, 0], [1, 1], [1, 1]])
+    # Per example: the decodes' counters summed, their K kept.
+    self.assertEqual(np.asarray(outs[2].stats.branches).tolist(), [2, 2])
+    self.assertLessEqual(int(np.asarray(outs[2].stats.num_steps).sum()),
+                         int(np.asarray(outs[1].stats.num_steps).sum()))
     with self.assertRaisesRegex(ValueError, 'topp'):
       inference.generate(module, params, prompts, lengths, method='sample',
                          max_decode_steps=8, topp=2.0)
