@@ -180,6 +180,21 @@ def produced_count(rows) -> int:
   return total
 
 
+def use_cores_as_devices() -> int:
+  """Makes each CPU core a JAX device, for training steps that run data
+  parallel over them (`trainer.train`); a program on one device still uses
+  every core. Only before JAX starts its backends, and not where XLA_FLAGS
+  already sets a device count; returns the device count JAX will have."""
+  if '--xla_force_host_platform_device_count' in os.environ.get('XLA_FLAGS',
+                                                                ''):
+    return jax.local_device_count()
+  try:
+    jax.config.update('jax_num_cpu_devices', os.cpu_count() or 1)
+  except RuntimeError:     # started already: its devices stay as they are
+    pass
+  return jax.local_device_count()
+
+
 def cpu_model(cpuinfo: str = '/proc/cpuinfo') -> str:
   r"""The CPU's model name, from `cpuinfo` where there is one, with its x86
   family and model numbers: a virtual machine's name ('AMD EPYC') can hide

@@ -405,6 +405,8 @@ def _flags(argv):
 
 def main(argv=None) -> int:
   args, settings = _flags(sys.argv[1:] if argv is None else argv)
+  # Training steps run data parallel over the cores (`trainer.train`).
+  common.use_cores_as_devices()
   os.makedirs(args.out_dir, exist_ok=True)
   # Each finished run is reported at once: a long table shows its first
   # runs while the next ones train.

@@ -10,10 +10,13 @@ twentieth of the peak rate.
 `train` can call it (or any evaluation) every few steps.
 """
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
+import itertools
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
-                    Tuple)
+                    Sequence, Tuple, Union)
 
 from flax import traverse_util
 import jax
@@ -26,6 +29,14 @@ from t5x_speed import losses
 from t5x_speed import schedules
 
 WEIGHT_DECAY = 0.01
+# XLA:CPU options of the training step: YNNPACK fusions for its dots and
+# the elementwise work around them. They spread a step's many small
+# width-128 products over the cores far better than the default thunks
+# (docs/real_data.md#training-throughput); the values are float rounding
+# apart from the default's.
+CPU_COMPILER_OPTIONS = {
+    'xla_cpu_experimental_ynn_fusion_type':
+        'LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +117,83 @@ def with_exit_positions(batch: Dict[str, np.ndarray], multiple: int = 32
           'exit_weights': take(weights)}
 
 
+def data_parallel_devices(batch_size: int, devices=None) -> List[Any]:
+  """The most of `devices` (default: the local devices) that split
+  `batch_size` rows evenly: the devices a step runs data parallel on.
+
+  >>> len(data_parallel_devices(6, ['d0', 'd1', 'd2', 'd3']))
+  3
+  """
+  devices = list(jax.local_devices() if devices is None else devices)
+  count = max(n for n in range(1, len(devices) + 1) if batch_size % n == 0)
+  return devices[:count]
+
+
+def default_compiler_options() -> Optional[Dict[str, str]]:
+  """`CPU_COMPILER_OPTIONS` on a CPU backend; None (XLA's defaults) on
+  others."""
+  return CPU_COMPILER_OPTIONS if jax.default_backend() == 'cpu' else None
+
+
+def loss_and_statistics(module, recipe: Recipe, params, batch,
+                        frozen=None, statistics: bool = True):
+  """(loss per target token, (per-exit logs, exit statistics)) of `params`
+  on a batch of `with_exit_positions`: the training objective. `frozen`
+  parameters join `params` as constants; without `statistics` the exits'
+  accuracy and flip counts (`losses.exit_statistics`) are not computed."""
+  agreement = losses.check_exit_agreement(recipe.exit_agreement,
+                                          recipe.exit_agreement_target)
+  exit_logits = forward(module, _merge(frozen, params) if frozen else params,
+                        batch)
+  targets, weights = batch['exit_targets'], batch['exit_weights']
+  loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
+      exit_logits, targets, weights, recipe.exit_weighting)
+  logs = {'loss': per_exit / weight_sum}
+  if agreement and exit_logits.shape[0] > 1:
+    terms = losses.exit_agreement(exit_logits, weights,
+                                  recipe.exit_agreement_target)
+    loss = loss + agreement * jnp.mean(terms)
+    logs['agreement'] = terms / weight_sum
+  stats = (losses.exit_statistics(exit_logits, targets, weights)
+           if statistics else {})
+  return loss / weight_sum, (logs, stats)
+
+
+def train_step_fn(module, recipe: Recipe, optimizer, statistics: bool,
+                  compiler_options: Optional[Dict[str, str]] = None):
+  """The compiled training step (params, opt_state, batch, frozen) ->
+  (params, opt_state, logs, stats); params and optimizer state donated.
+  Its shardings follow its arguments' (`train` places them)."""
+  def step(params, opt_state, batch, frozen):
+    (_, (logs, stats)), grads = jax.value_and_grad(
+        functools.partial(loss_and_statistics, module, recipe,
+                          statistics=statistics),
+        has_aux=True)(params, batch, frozen)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, logs, stats
+  return jax.jit(step, donate_argnums=(0, 1),
+                 compiler_options=compiler_options)
+
+
+def _placed(batches: Iterator[Dict[str, Any]], sharding, depth: int = 2
+            ) -> Iterator[Dict[str, Any]]:
+  """`batches` with exit positions, on their devices, `depth` ahead of the
+  step that takes them: a thread reads, converts and copies the next
+  batches while the step computes."""
+  queue = collections.deque()
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  prepare = lambda batch: jax.device_put(with_exit_positions(batch), sharding)
+  try:
+    for batch in batches:
+      queue.append(pool.submit(prepare, batch))
+      if len(queue) > depth:
+        yield queue.popleft().result()
+    while queue:
+      yield queue.popleft().result()
+  finally:
+    pool.shutdown(cancel_futures=True)
+
+
 def _merge(flat: Dict[Tuple[str, ...], Any], params: Any) -> Any:
   """`params` (nested) with the leaves of `flat` put in."""
   return traverse_util.unflatten_dict(
@@ -119,7 +207,9 @@ def train(module, batches: Iterator[Dict[str, Any]],
           evaluate_every: int = 0,
           restore: Optional[Callable[[TrainState], TrainState]] = None,
           init_params: Any = None,
-          trainable: Optional[Callable[[Tuple[str, ...]], bool]] = None
+          trainable: Optional[Callable[[Tuple[str, ...]], bool]] = None,
+          devices: Optional[Sequence[Any]] = None,
+          compiler_options: Union[str, Dict[str, str], None] = 'default'
           ) -> Tuple[Any, List[Dict[str, float]]]:
   """Trains `module` on `batches`; returns (params, history).
 
@@ -164,40 +254,33 @@ def train(module, batches: Iterator[Dict[str, Any]],
   state = TrainState(0, params, optimizer.init(params), [])
   if restore is not None:
     state = restore(state)
-
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def train_step(params, opt_state, batch, frozen):
-    def loss_fn(p):
-      # Frozen parameters enter as constants: nothing differentiates them.
-      exit_logits = forward(module, _merge(frozen, p), batch)
-      targets, weights = batch['exit_targets'], batch['exit_weights']
-      loss, _, per_exit, weight_sum = losses.multi_exit_cross_entropy(
-          exit_logits, targets, weights, recipe.exit_weighting)
-      logs = {'loss': per_exit / weight_sum}
-      if agreement and exit_logits.shape[0] > 1:
-        terms = losses.exit_agreement(exit_logits, weights,
-                                      recipe.exit_agreement_target)
-        loss = loss + agreement * jnp.mean(terms)
-        logs['agreement'] = terms / weight_sum
-      stats = losses.exit_statistics(exit_logits, targets, weights)
-      return loss / weight_sum, (logs, stats)
-    (_, (logs, stats)), grads = jax.value_and_grad(
-        loss_fn, has_aux=True)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, logs, stats
+  # Data parallel: each device takes an equal share of a batch's rows, and
+  # the parameters, optimizer state and frozen parameters are replicated.
+  devices = data_parallel_devices(len(first['decoder_input_tokens']),
+                                  devices)
+  mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  if compiler_options == 'default':
+    compiler_options = default_compiler_options()
+  # The exits' statistics only where the history records them.
+  steps_of = {statistics: train_step_fn(module, recipe, optimizer, statistics,
+                                        compiler_options)
+              for statistics in (False, True)}
 
   num_repeats = module.config.num_repeats
-  params, opt_state, history = state.params, state.opt_state, state.history
+  params, opt_state, frozen = jax.device_put(
+      (state.params, state.opt_state, frozen), replicated)
+  history = state.history
   bar = tqdm.tqdm(range(state.step + 1, recipe.steps + 1), desc=desc,
                   unit='step', initial=state.step, total=recipe.steps,
                   dynamic_ncols=True, disable=not progress_bar)
-  batch = first
+  placed = _placed(itertools.chain([first], batches), rows)
   for step in bar:
-    params, opt_state, logs, stats = train_step(
-        params, opt_state, with_exit_positions(batch), frozen)
-    if step < recipe.steps:
-      batch = next(batches)
-    if step % recipe.log_every == 0 or step == recipe.steps:
+    logged = step % recipe.log_every == 0 or step == recipe.steps
+    params, opt_state, logs, stats = steps_of[logged](
+        params, opt_state, next(placed), frozen)
+    if logged:
       record = {'step': step}
       for name, values in logs.items():
         for i, value in enumerate(np.asarray(values)):
@@ -214,6 +297,7 @@ def train(module, batches: Iterator[Dict[str, Any]],
         evaluate_every and step % evaluate_every == 0)):
       evaluate(TrainState(step, _merge(frozen, params) if frozen else params,
                           opt_state, history))
+  placed.close()
   bar.close()
   return _merge(frozen, params), history
 
