@@ -46,6 +46,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import logging
@@ -228,9 +229,13 @@ def train_vocabulary(out_dir: str, lines: Sequence[str],
 
 
 def build(out_dir: str, settings: Settings = Settings(),
-          vocab_size: int = 4000) -> Dict[str, int]:
+          vocab_size: int = 4000, vocabulary: Optional[str] = None
+          ) -> Dict[str, int]:
   """Writes `<split>.tsv` (SPLITS and LONG_SPLIT), `spm.model` and
-  `stats.json` into `out_dir`.
+  `stats.json` into `out_dir`. The vocabulary is trained on the train
+  split, or copied from `vocabulary` (an spm.model of `vocab_size`
+  pieces): SentencePiece's training is not reproducible from run to run,
+  and a table's runs must share one vocabulary.
 
   Returns:
     The counts of `build_pairs`, plus each split's size.
@@ -240,13 +245,26 @@ def build(out_dir: str, settings: Settings = Settings(),
   for name, pairs in splits.items():
     counts[name] = len(pairs)
     write_split(out_dir, name, pairs)
-  train_vocabulary(out_dir, [text for pair in splits['train'] for text in pair],
-                   vocab_size)
+  if vocabulary is None:
+    train_vocabulary(out_dir,
+                     [text for pair in splits['train'] for text in pair],
+                     vocab_size)
+  else:
+    shutil.copy(vocabulary, os.path.join(out_dir, 'spm.model'))
   with open(os.path.join(out_dir, 'stats.json'), 'w') as f:
     json.dump(dict(settings=dataclasses.asdict(settings), format=FORMAT,
-                   vocab_size=vocab_size, counts=counts), f, indent=1)
+                   vocab_size=vocab_size, counts=counts,
+                   vocabulary=vocabulary_digest(vocabulary)), f, indent=1)
   write_languages(out_dir, ('en', settings.language))
   return counts
+
+
+def vocabulary_digest(vocabulary: Optional[str]) -> Optional[str]:
+  """sha256 of a given vocabulary file; None for one trained here."""
+  if vocabulary is None:
+    return None
+  with open(vocabulary, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def write_split(out_dir: str, name: str, pairs) -> None:

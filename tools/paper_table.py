@@ -54,6 +54,7 @@ from tools import common
 from tools import demo_model
 from tools import paper_table_data
 from tools import paper_table_eval
+from tools import paper_table_records
 from tools import paper_table_report
 from tools import paper_table_train
 from tools import trainer
@@ -125,6 +126,18 @@ TINY = TableSettings(configs=('2L', '2x3', 'ed2x3'), sweep_configs=('2x3',),
                      consistency_examples=8, latency_prompts=2, repeats=1,
                      replay_width=64, curve_examples=8, long_length=24,
                      long_examples=8, long_replay_prompts=1)
+
+
+def table_vocabulary(settings: TableSettings,
+                     languages: Tuple[str, str]) -> Optional[str]:
+  """The committed vocabulary of the project's table (en->fr, 2,000
+  pieces), which every run of that table shares wherever it trains; None
+  (trained with the data) for any other set."""
+  path = os.path.join(common.MODELS_DIR, 'spm.model')
+  if (tuple(languages) == GETTEXT and settings.vocab_size == 2000 and
+      os.path.exists(path)):
+    return path
+  return None
 
 
 def model_config(name: str, settings: TableSettings,
@@ -215,16 +228,19 @@ def plateau(validation: List[Dict[str, Any]], steps: int,
 def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
         quiet: bool = False, trainer_kind: str = 'library',
         languages: Tuple[str, str] = GETTEXT,
-        on_run: Optional[Callable[[Dict[str, Any]], None]] = None
-        ) -> Dict[str, Any]:
+        on_run: Optional[Callable[[Dict[str, Any]], None]] = None,
+        records_dir: Optional[str] = None) -> Dict[str, Any]:
   """Builds the data, trains (with the `trainer_kind` trainer, or reads
   back runs trained earlier), evaluates and times; returns the results.
-  `on_run(results)` sees the results after each run (the runs so far)."""
+  `on_run(results)` sees the results after each run (the runs so far);
+  each finished run's record (`paper_table_records`) goes to
+  `records_dir`."""
   runs = runs_of(settings)
-  progress = common.Progress('paper-table', total=len(runs) + 1, quiet=quiet)
+  progress = common.Progress('paper-table', total=len(runs), quiet=quiet)
   gettext = data_dir is None
   data_dir = paper_table_data.prepare_data(
-      out_dir, settings.vocab_size, data_dir, progress.log, languages)
+      out_dir, settings.vocab_size, data_dir, progress.log, languages,
+      table_vocabulary(settings, languages) if gettext else None)
   vocab = seqio.get_mixture_or_task(paper_table_data.TASK).output_features[
       'targets'].vocabulary
   data = {'test': paper_table_data.test_prompts(settings.test_examples,
@@ -240,7 +256,10 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
              'devices': jax.device_count(),
              'trainer': trainer_kind, 'encoder_layers': ENCODER_LAYERS,
              'planned': len(runs), 'runs': []}
-  trained = {}
+  data_files = paper_table_records.data_digests(data_dir)
+  commit = paper_table_records.git_commit()
+  prompts, lengths, _ = data['test']
+  fast = slice(0, settings.latency_prompts)
   for name, seed, agreement in runs:
     module, params, record = train_run(
         name, seed, agreement, settings, vocab.vocab_size, out_dir, data_dir,
@@ -261,25 +280,29 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
            'final_train': record['history'][-1],
            **measure(module, params, record, settings, data, vocab)}
     if seed == settings.seeds[0] and not agreement:
-      trained[name] = (module, params)
+      progress.log(f'timing {label} at batch 1 on '
+                   f'{settings.latency_prompts} test prompts')
+      models = {f'greedy {name}': (module, params, 'greedy')}
+      if module.config.num_repeats > 1:
+        models[f'SPEED {name}'] = (module, params, 'speed')
+      (row['latency_ms_per_token'],
+       row['latency_load_average']) = paper_table_eval.latency(
+           models, prompts[fast], lengths[fast], settings.targets_length,
+           settings.repeats)
     results['runs'].append(row)
+    if records_dir is not None:
+      paper_table_records.write_record(paper_table_records.make_record(
+          row, results, dataclasses.asdict(module.config), data_files,
+          commit), records_dir)
     if on_run is not None:
       on_run(results)
     progress.advance()
-  progress.log(f'timing decoding at batch 1 on {settings.latency_prompts} '
-               'test prompts')
-  models = {}
-  for name, (module, params) in trained.items():
-    models[f'greedy {name}'] = (module, params, 'greedy')
-    if module.config.num_repeats > 1:
-      models[f'SPEED {name}'] = (module, params, 'speed')
-  prompts, lengths, _ = data['test']
-  fast = slice(0, settings.latency_prompts)
-  (results['latency_ms_per_token'],
-   results['latency_load_average']) = paper_table_eval.latency(
-      models, prompts[fast], lengths[fast], settings.targets_length,
-      settings.repeats)
-  progress.advance()
+  results['latency_ms_per_token'] = {
+      k: v for row in results['runs']
+      for k, v in row.get('latency_ms_per_token', {}).items()}
+  results['latency_load_average'] = max(
+      (row['latency_load_average'] for row in results['runs']
+       if 'latency_load_average' in row), default=None)
   results['wall_seconds'] = progress.elapsed()
   return results
 
@@ -367,6 +390,11 @@ def _flags(argv):
                       choices=paper_table_train.TRAINERS,
                       help="the tools' optax trainer, or stock t5x.train "
                       '(T5X installed): the same recipe and results.')
+  parser.add_argument('--records_dir', default=None,
+                      help='where each finished run\'s record goes '
+                      '(default: <out_dir>/records; the project\'s table: '
+                      f'{os.path.relpath(paper_table_records.RECORDS_DIR)}'
+                      ', assembled by tools.paper_table_records).')
   common.add_quiet_flag(parser)
   args = parser.parse_args(argv)
   configs = tuple(c for c in args.configs.split(',') if c)
@@ -413,7 +441,8 @@ def main(argv=None) -> int:
   results = run(settings, args.out_dir, args.data_dir, args.quiet,
                 args.trainer, args.languages,
                 lambda partial: paper_table_report.write(partial,
-                                                         args.out_dir))
+                                                         args.out_dir),
+                args.records_dir or os.path.join(args.out_dir, 'records'))
   paths = paper_table_report.write(results, args.out_dir)
   print(paper_table_report.markdown(results))
   print('Wrote ' + ', '.join(paths) + '.')

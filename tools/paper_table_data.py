@@ -67,9 +67,11 @@ def data_languages(data_dir: Optional[str], languages: Optional[str]
 
 
 def prepare_data(out_dir: str, vocab_size: int, data_dir: Optional[str], log,
-                 languages: Tuple[str, str] = GETTEXT_LANGUAGES) -> str:
+                 languages: Tuple[str, str] = GETTEXT_LANGUAGES,
+                 vocabulary: Optional[str] = None) -> str:
   """The data directory: `data_dir`, or the gettext set of `languages`
-  (English to a catalog language) built once into `<out_dir>/data`.
+  (English to a catalog language) built once into `<out_dir>/data`, its
+  vocabulary trained there or copied from `vocabulary`.
   Registers TASK over it with `languages`' prompt."""
   if data_dir is None:
     if languages[0] != 'en':
@@ -83,12 +85,13 @@ def prepare_data(out_dir: str, vocab_size: int, data_dir: Optional[str], log,
       with open(stats) as f:
         meta = json.load(f)
       built = (meta.get('vocab_size'), meta['settings'].get('language'),
-               meta.get('format'))
-    if built != (vocab_size, languages[1], gettext_data.FORMAT):
+               meta.get('format'), meta.get('vocabulary'))
+    if built != (vocab_size, languages[1], gettext_data.FORMAT,
+                 gettext_data.vocabulary_digest(vocabulary)):
       log(f'building the gettext {"->".join(languages)} set')
       counts = gettext_data.build(
           data_dir, gettext_data.Settings(language=languages[1]),
-          vocab_size=vocab_size)
+          vocab_size=vocab_size, vocabulary=vocabulary)
       log(f'{counts["kept"]} pairs kept of {counts["read"]} read: '
           f'{counts["train"]} / {counts["validation"]} / {counts["test"]}, '
           f'and {counts[LONG]} long')

@@ -20,17 +20,28 @@ def _conditions(results: Dict[str, Any]) -> str:
           f'{s["targets_length"]} tokens), AdamW peak {s["learning_rate"]:g} '
           f'({results.get("trainer", "library")} trainer), '
           f'SentencePiece vocabulary {s["vocab_size"]}, float32, '
-          f'{results["devices"]} CPU device(s) on {results["cpu"]}. Test BLEU '
+          + ('each run on the host under "Records"' if 'records' in results
+             else f'{results["devices"]} CPU device(s) on {results["cpu"]}')
+          + '. Test BLEU '
           f'and chrF over the first {s["test_examples"]} test pairs; '
           f'teacher-forced exits over {s["consistency_examples"]}; latency '
           f'and replay at batch 1 on {s["latency_prompts"]} test prompts, '
           f'best of {s["repeats"]} interleaved passes; replay at width '
           f'{s["replay_width"]}, vocabulary 32128, against the faster of the '
-          'kernel and XLA greedy. ' + (
-              f'Wall time {results["wall_seconds"] / 60:.0f} min.'
-              if 'wall_seconds' in results else
-              f'Partial: the runs finished so far, of {results["planned"]}.')
+          'kernel and XLA greedy. ' + _extent(results)
           ) + _timing_load(results)
+
+
+def _extent(results: Dict[str, Any]) -> str:
+  if 'records' in results:
+    missing = results.get('missing')
+    return (f'Assembled from {len(results["records"])} run records '
+            '(`tools.paper_table_records`; each row\'s commit and host under '
+            '"Records"). ' + (f'Missing rows: {", ".join(missing)}.'
+                              if missing else 'No row is missing.'))
+  if 'wall_seconds' in results:
+    return f'Wall time {results["wall_seconds"] / 60:.0f} min.'
+  return f'Partial: the runs finished so far, of {results["planned"]}.'
 
 
 def _timing_load(results: Dict[str, Any]) -> str:
@@ -122,7 +133,9 @@ def markdown(results: Dict[str, Any]) -> str:
     lines[-1:-1] = [f'ed* models are encoder-decoders: an encoder of '
                     f'{results.get("encoder_layers")} layers and the decoder '
                     'named (the prompt is the encoder\'s input).']
-  lines += _long_lines(results) + _int8_lines(results) + _curve_lines(results)
+  lines += (_depth_lines(results) + _seed_lines(results) +
+            _long_lines(results) + _int8_lines(results) +
+            _curve_lines(results) + _record_lines(results))
   groups = _agreement_groups(results)
   if any(agreement for _, agreement in groups):
     lines += ['### Exits trained to agree', '',
@@ -146,6 +159,66 @@ def markdown(results: Dict[str, Any]) -> str:
           f'({spread(lambda r: r["replay"]["speedup"])}) |')
     lines += ['', 'Means over seeds; per-seed values in parentheses.', '']
   return '\n'.join(lines)
+
+
+def _depth_lines(results) -> List[str]:
+  """How much of the unshared 4L -> 12L gap the 4x3 closes (the paper's
+  claim: the quality of depth)."""
+  rows = {row['config']: row for row in _main_rows(results)}
+  if not all(name in rows for name in ('4L', '12L', '4x3')):
+    return []
+  lines = ['### Depth: the 4x3 against the unshared 4L and 12L', '']
+  for label, value in (('test BLEU', lambda r: r['bleu']),
+                       ('validation loss', lambda r: r['validation'][-1][
+                           'loss'][-1])):
+    shallow, deep, shared = (value(rows[n]) for n in ('4L', '12L', '4x3'))
+    gap = deep - shallow
+    closed = (f'{100 * (shared - shallow) / gap:.0f}%' if gap else 'none '
+              '(no gap)')
+    lines.append(f'- {label}: 4L {shallow:.2f}, 4x3 {shared:.2f}, 12L '
+                 f'{deep:.2f}: the 4x3 closes {closed} of the 4L -> 12L '
+                 'gap.')
+  return lines + ['']
+
+
+def _seed_lines(results) -> List[str]:
+  """Every configuration trained at more than one seed (the paper's loss):
+  its spread beside the gaps between configurations."""
+  by_config = {}
+  for row in results['runs']:
+    if not row['exit_agreement']:
+      by_config.setdefault(row['config'], []).append(row)
+  seeded = {k: v for k, v in by_config.items() if len(v) > 1}
+  if not seeded:
+    return []
+  lines = ['### Seeds', '',
+           '| model | seeds | test BLEU per seed | mean | validation loss per '
+           'seed | flip rate % per seed (mean of stages 2..R) |',
+           '|' + ' --- |' * 6]
+  for name, rows in seeded.items():
+    rows = sorted(rows, key=lambda r: r['seed'])
+    flips = (', '.join(f'{100 * _mean_flip(r):.1f}' for r in rows)
+             if len(rows[0]['consistency']['flip_rate']) > 1 else '-')
+    seeds = ', '.join(str(r['seed']) for r in rows)
+    bleu = ', '.join(f'{r["bleu"]:.1f}' for r in rows)
+    loss = ', '.join(f'{r["validation"][-1]["loss"][-1]:.3f}' for r in rows)
+    mean = np.mean([r['bleu'] for r in rows])
+    lines.append(f'| {name} | {seeds} | {bleu} | {mean:.1f} | {loss} | '
+                 f'{flips} |')
+  return lines + ['']
+
+
+def _record_lines(results) -> List[str]:
+  if 'records' not in results:
+    return []
+  lines = ['### Records', '',
+           '| run | commit | host | training devices |',
+           '| --- | --- | --- | --- |']
+  lines += [f'| {r["run"]} | {r["commit"][:10]} | {r["host"]} | '
+            f'{r["devices"]} |' for r in results['records']]
+  return lines + ['Each run trained, was measured and timed on its host; '
+                  'compare timings (ms/token, positions/s) within a host, '
+                  'ratios (speedups) across them.', '']
 
 
 def _long_lines(results) -> List[str]:

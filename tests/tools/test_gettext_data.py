@@ -1,6 +1,7 @@
 """The gettext translation set: reading .mo files, filtering, splitting."""
 
 import collections
+import json
 import os
 import struct
 import tempfile
@@ -149,6 +150,19 @@ class GettextDataTest(absltest.TestCase):
                       vocab.unk_id()), (1000, 0, 1, 2))
     self.assertEqual(vocab.decode(vocab.encode('impossible d\'ouvrir')),
                      'impossible d\'ouvrir')
+    # A given vocabulary (a table's, shared by all its runs) is copied, not
+    # trained again: SentencePiece's training differs from run to run.
+    again = os.path.join(self.root, 'again')
+    given = os.path.join(out, 'spm.model')
+    self.assertEqual(gettext_data.build(again, vocab_size=1000,
+                                        vocabulary=given), counts)
+    for name in ('train.tsv', 'test.tsv', 'spm.model'):
+      with open(os.path.join(out, name), 'rb') as a, open(
+          os.path.join(again, name), 'rb') as b:
+        self.assertEqual(a.read(), b.read(), name)
+    with open(os.path.join(again, 'stats.json')) as f:
+      self.assertEqual(json.load(f)['vocabulary'],
+                       gettext_data.vocabulary_digest(given))
 
 
 if __name__ == '__main__':

@@ -21,6 +21,7 @@ from tools import demo_real
 from tools import gettext_data
 from tools import paper_table
 from tools import paper_table_data
+from tools import paper_table_records
 from tools import paper_table_report
 from tools import paper_table_train
 from tools import trainer
@@ -216,6 +217,22 @@ class PaperTableTest(absltest.TestCase):
       self.assertTrue(os.path.exists(os.path.join(out, 'runs', run_dir,
                                                   'curve.json')))
     self.assertFalse(any(row['trained_earlier'] for row in results['runs']))
+    # Each finished run's record, and a table assembled from them.
+    recs = paper_table_records.load_records(os.path.join(out, 'records'))
+    self.assertEqual([os.path.basename(r['path']) for r in recs], [
+        '2L_seed0.json', '2x3_seed0.json', '2x3_seed0_agree1.json',
+        'ed2x3_seed0.json'])
+    assembled = paper_table_records.assemble(
+        recs, [(c, s, a) for c, s, a in runs] + [('12L', 0, 0.0)])
+    self.assertEqual(assembled['missing'], ['12L_seed0'])
+    self.assertEqual(assembled['runs'][1]['bleu'], results['runs'][1]['bleu'])
+    self.assertEqual(assembled['latency_ms_per_token'],
+                     results['latency_ms_per_token'])
+    self.assertEqual(recs[0]['data']['files'],
+                     paper_table_records.data_digests(self.data_dir))
+    self.assertEqual(recs[-1]['encoder_layers'], paper_table.ENCODER_LAYERS)
+    self.assertEqual(recs[-1]['model']['num_encoder_layers'],
+                     paper_table.ENCODER_LAYERS)
     self.assertLen(os.listdir(os.path.join(out, 'runs')), 4)
     with open(os.path.join(self.data_dir, 'stats.json')) as f:
       self.assertGreater(json.load(f)['counts']['kept'], 10000)

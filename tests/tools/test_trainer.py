@@ -1,0 +1,93 @@
+"""The tools' trainer runs its step faster without changing what it computes:
+data parallel over the devices with YNNPACK's fusions, against one device
+with XLA's default compile (the step as it ran before)."""
+
+import itertools
+
+from absl.testing import absltest
+import jax
+import numpy as np
+import optax
+
+from tools import trainer
+import helpers
+import test_finetune_agree
+
+VOCAB = test_finetune_agree.VOCAB
+
+
+class TrainerTest(absltest.TestCase):
+
+  def test_data_parallel_devices(self):
+    helpers.assert_doctests(trainer, min_examples=2)
+    four = ['d0', 'd1', 'd2', 'd3']
+    self.assertEqual(trainer.data_parallel_devices(8, four), four)
+    self.assertEqual(trainer.data_parallel_devices(6, four), four[:3])
+    self.assertEqual(trainer.data_parallel_devices(5, four), four[:1])
+    self.assertEqual(trainer.data_parallel_devices(
+        8, jax.devices()), jax.devices()[:4])
+
+  def test_fast_step_computes_the_same_loss_and_gradients(self):
+    module, _ = helpers.random_model(2, 3, 'cycle', 1, VOCAB)
+    batches = test_finetune_agree._batches(count=3)
+    recipe = trainer.Recipe(steps=3, learning_rate=1e-2, exit_agreement=0.5,
+                            log_every=1)
+    devices = jax.devices()
+    self.assertLen(devices, 4)       # tests/conftest.py: 4 host devices
+    # What the step computes: loss, per-exit logs, statistics and
+    # gradients of one batch, on one device with XLA's own compile and
+    # sharded over 4 with the trainer's options.
+    params = module.init(jax.random.PRNGKey(0),
+                         batches[0]['decoder_input_tokens'][:1],
+                         batches[0]['decoder_target_tokens'][:1],
+                         enable_dropout=False)['params']
+    batch = trainer.with_exit_positions(batches[0])
+    mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    replicated = jax.sharding.NamedSharding(mesh,
+                                            jax.sharding.PartitionSpec())
+
+    def value_and_grad(options, params, batch):
+      return jax.jit(jax.value_and_grad(
+          lambda p, b: trainer.loss_and_statistics(module, recipe, p, b),
+          has_aux=True), compiler_options=options)(params, batch)
+    before = value_and_grad(None, params, batch)
+    now = value_and_grad(trainer.CPU_COMPILER_OPTIONS,
+                         jax.device_put(params, replicated),
+                         jax.device_put(batch, rows))
+    self.assertEqual(jax.tree.structure(before), jax.tree.structure(now))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(now)):
+      np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    (_, (logs, stats)), _ = before
+    self.assertLen(logs['loss'], 3)
+    self.assertIn('exit_2/flip_rate', stats)
+    # Without statistics only the logs (the steps between log points).
+    (_, (_, none)), _ = jax.jit(jax.value_and_grad(
+        lambda p, b: trainer.loss_and_statistics(module, recipe, p, b,
+                                                 statistics=False),
+        has_aux=True))(params, batch)
+    self.assertEqual(none, {})
+
+    # Training: the same parameters and history either way, to float
+    # tolerance, over 3 steps.
+    def train(**setup):
+      return trainer.train(module, iter(batches), recipe, progress_bar=False,
+                           **setup)
+    old_params, old_history = train(devices=devices[:1],
+                                    compiler_options=None)
+    new_params, new_history = train()
+    for a, b in zip(jax.tree.leaves(old_params), jax.tree.leaves(new_params)):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    self.assertEqual([r['step'] for r in new_history], [1, 2, 3])
+    for old, new in zip(old_history, new_history):
+      self.assertCountEqual(old, new)
+      for key in old:
+        self.assertAlmostEqual(old[key], new[key], places=4, msg=key)
+    # The parameters moved: the comparison is of trained parameters.
+    init = jax.tree.leaves(params)
+    self.assertGreater(max(float(np.abs(a - b).max()) for a, b in zip(
+        init, jax.tree.leaves(new_params))), 1e-3)
+
+
+if __name__ == '__main__':
+  absltest.main()
