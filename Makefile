@@ -16,7 +16,7 @@ T5X_STAMP := $(VENV)/.t5x-installed
 T5X_REQUIREMENTS := fiddle chex jaxtyping cached_property tensorstore grain \
 	pyglove editdistance
 
-.PHONY: install install-t5x kernel test demo demo-real bench sample-bench fuzz paper-table clean
+.PHONY: install install-t5x kernel test demo demo-real bench sample-bench fuzz paper-table paper-table-records train-throughput clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,17 @@ sample-bench: install kernel
 # PAPER_TABLE_ARGS="--trainer t5x", "--data_dir /data/my_tsvs" or "--tiny".
 paper-table: install kernel
 	$(BIN)/python -m tools.paper_table $(PAPER_TABLE_ARGS)
+
+# The table from the committed run records (figures/real_data/runs): each
+# finished run of `make paper-table ... --records_dir figures/real_data/runs`
+# writes one (docs/real_data.md#runs-land-one-by-one).
+paper-table-records: install
+	$(BIN)/python -m tools.paper_table_records
+
+# The trainer's step before and now on this host (docs/real_data.md#training-
+# throughput); e.g. TRAIN_THROUGHPUT_ARGS="--configs 4x3 --out /tmp/t".
+train-throughput: install
+	$(BIN)/python -m tools.train_throughput $(TRAIN_THROUGHPUT_ARGS)
 
 # SPEED on the committed 4x3 that learned real text (figures/real_data/
 # models): held-out sentences rebuilt from this machine's gettext catalogs,

@@ -16,7 +16,8 @@ shapes, XLA's dot), and checks that both steps compute the same loss and
 gradients to float tolerance.
 
 Example:
-  python -m tools.train_throughput --configs 4x3,12L --out figures/cpu
+  python -m tools.train_throughput --configs 4x3,12L --out /tmp/throughput
+  python -m tools.train_throughput --tiny --out /tmp/t   # seconds: a smoke run
 """
 
 import argparse
@@ -200,19 +201,20 @@ def main(argv=None) -> int:
   parser.add_argument('--configs', default='4x3,12L')
   parser.add_argument('--steps', type=int, default=10)
   parser.add_argument('--rounds', type=int, default=3)
-  parser.add_argument('--out', default='train_throughput_out')
-  parser.add_argument('--data_out', default='paper_table_out',
-                      help='where the gettext set is built (as the table).')
+  parser.add_argument('--out', default='train_throughput_out',
+                      help='where the report goes (and the gettext set is '
+                      'built, without --data_dir).')
   parser.add_argument('--data_dir', default=None,
-                      help='a set built earlier (default: build it).')
+                      help='a set built earlier (paper_table_out/data).')
   parser.add_argument('--tiny', action='store_true',
                       help='toy sizes: a smoke run.')
   args = parser.parse_args(argv)
   common.use_cores_as_devices()
   settings = paper_table.TINY if args.tiny else paper_table.TableSettings()
-  paper_table_data.prepare_data(args.data_out, settings.vocab_size,
-                                args.data_dir,
-                                lambda m: print(m, file=sys.stderr))
+  paper_table_data.prepare_data(
+      args.out, settings.vocab_size, args.data_dir,
+      lambda m: print(m, file=sys.stderr),
+      vocabulary=paper_table.table_vocabulary(settings, paper_table.GETTEXT))
   rows = [measure(name, settings, args.steps, args.rounds)
           for name in args.configs.split(',')]
   results = {'cpu': common.cpu_model(), 'cores': os.cpu_count(),

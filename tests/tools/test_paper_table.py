@@ -24,6 +24,7 @@ from tools import paper_table_data
 from tools import paper_table_records
 from tools import paper_table_report
 from tools import paper_table_train
+from tools import train_throughput
 from tools import trainer
 import helpers
 
@@ -283,6 +284,23 @@ class PaperTableTest(absltest.TestCase):
                      sweep['records'][names[0]]['measures']['bleu'])
     self.assertTrue(os.path.exists(os.path.join(sweep_out,
                                                 'agreement_sweep.png')))
+
+  def test_train_throughput_measures_both_steps(self):
+    out = tempfile.mkdtemp()
+    self.assertEqual(train_throughput.main([
+        '--tiny', '--configs', '2x3', '--steps', '2', '--rounds', '1',
+        '--data_dir', self.data_dir, '--out', out]), 0)
+    with open(os.path.join(out, 'train_throughput.json')) as f:
+      (row,) = json.load(f)['rows']
+    self.assertEqual(row['devices'], 4)     # TINY's batch over 4 devices
+    self.assertLess(row['max_relative_gradient_error'], 1e-4)
+    self.assertGreater(row['flops_per_step'], 0)
+    for which in ('before', 'now'):
+      self.assertGreater(row[which]['positions_per_second'], 0)
+    self.assertCountEqual(row['matmul_rate'], [
+        'attention projections', 'mlp in', 'mlp out', 'logits'])
+    with open(os.path.join(out, 'train_throughput.md')) as f:
+      self.assertIn('| 2x3 | ', f.read())
 
   def test_committed_model_is_its_manifests(self):
     # What `make demo-real` loads: the committed 4x3, its bytes as the
