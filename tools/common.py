@@ -11,6 +11,7 @@ import argparse
 from concurrent import futures
 import os
 import platform
+import subprocess
 import sys
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Optional, TextIO,
@@ -181,18 +182,37 @@ def produced_count(rows) -> int:
 
 
 def use_cores_as_devices() -> int:
-  """Makes each CPU core a JAX device, for training steps that run data
-  parallel over them (`trainer.train`); a program on one device still uses
-  every core. Only before JAX starts its backends, and not where XLA_FLAGS
-  already sets a device count; returns the device count JAX will have."""
+  """Makes each CPU core this process may run on a JAX device, for
+  training steps that run data parallel over them (`trainer.train`); a
+  program on one device still uses every core. Only before JAX starts its
+  backends; where it has started, or XLA_FLAGS sets a device count (the
+  tests' 4), the devices stay as they are, and it says so on stderr.
+  Returns the device count."""
+  cores = len(os.sched_getaffinity(0))
   if '--xla_force_host_platform_device_count' in os.environ.get('XLA_FLAGS',
                                                                 ''):
-    return jax.local_device_count()
-  try:
-    jax.config.update('jax_num_cpu_devices', os.cpu_count() or 1)
-  except RuntimeError:     # started already: its devices stay as they are
-    pass
-  return jax.local_device_count()
+    reason = 'XLA_FLAGS sets the host device count'
+  else:
+    try:
+      jax.config.update('jax_num_cpu_devices', cores)
+      reason = None
+    except RuntimeError:
+      reason = 'JAX had started'
+  count = jax.local_device_count()
+  if reason and count != cores:
+    print(f'{count} JAX device(s) for {cores} cores: {reason}.',
+          file=sys.stderr)
+  return count
+
+
+def git_commit(repo: str = os.path.dirname(MODELS_DIR)) -> str:
+  """HEAD of the checkout, '+dirty' if tracked files have changed."""
+  def run(*args):
+    return subprocess.run(['git', *args], cwd=repo, capture_output=True,
+                          text=True, check=False).stdout.strip()
+  head = run('rev-parse', 'HEAD') or 'unknown'
+  return head + ('+dirty' if run('status', '--porcelain',
+                                 '--untracked-files=no') else '')
 
 
 def cpu_model(cpuinfo: str = '/proc/cpuinfo') -> str:

@@ -253,11 +253,12 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
   results = {'settings': dataclasses.asdict(settings), 'data_dir': data_dir,
              'gettext': gettext, 'languages': list(languages),
              'cpu': common.cpu_model(), 'cores': os.cpu_count(),
-             'devices': jax.device_count(),
+             'devices': len(trainer.data_parallel_devices(
+                 settings.batch_size)),
              'trainer': trainer_kind, 'encoder_layers': ENCODER_LAYERS,
              'planned': len(runs), 'runs': []}
   data_files = paper_table_records.data_digests(data_dir)
-  commit = paper_table_records.git_commit()
+  commit = common.git_commit()
   prompts, lengths, _ = data['test']
   fast = slice(0, settings.latency_prompts)
   for name, seed, agreement in runs:
@@ -277,6 +278,8 @@ def run(settings: TableSettings, out_dir: str, data_dir: Optional[str] = None,
            'validation': validation,
            'plateau': plateau(validation, settings.steps),
            'trained_earlier': record['cached'],
+           # Runs trained before records said where: unknown.
+           'trained_on': record.get('trained_on'),
            'final_train': record['history'][-1],
            **measure(module, params, record, settings, data, vocab)}
     if seed == settings.seeds[0] and not agreement:

@@ -22,7 +22,6 @@ import glob
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -66,16 +65,6 @@ def data_digests(data_dir: str) -> Dict[str, str]:
   return out
 
 
-def git_commit(repo: str = os.path.dirname(RECORDS_DIR)) -> str:
-  """HEAD of the checkout, '+dirty' if tracked files have changed."""
-  run = lambda *args: subprocess.run(
-      ['git', *args], cwd=repo, capture_output=True, text=True,
-      check=False).stdout.strip()
-  head = run('rev-parse', 'HEAD') or 'unknown'
-  return head + ('+dirty' if run('status', '--porcelain',
-                                 '--untracked-files=no') else '')
-
-
 def make_record(row: Dict[str, Any], results: Dict[str, Any],
                 model: Dict[str, Any], data: Dict[str, str],
                 commit: str) -> Dict[str, Any]:
@@ -87,7 +76,7 @@ def make_record(row: Dict[str, Any], results: Dict[str, Any],
   # alone) in the table's latency pass.
   latency = row.get('latency_ms_per_token') or {
       k: v for k, v in results.get('latency_ms_per_token', {}).items()
-      if k.split(' ', 1)[1] == name}
+      if k.partition(' ')[2] == name}
   load = row.get('latency_load_average', results.get('latency_load_average'))
   # Dtypes as their names: a record is plain JSON.
   model = json.loads(json.dumps(model, default=str))
@@ -103,15 +92,23 @@ def make_record(row: Dict[str, Any], results: Dict[str, Any],
       'data': {'gettext': results.get('gettext', True),
                'languages': results.get('languages', ['en', 'fr']),
                'files': data},
+      # The code and host that measured the run, and those that trained it.
       'commit': commit,
       'host': {'cpu': results['cpu'], 'cores': results.get('cores'),
                'devices': results.get('devices')},
-      'row': {**row, 'latency_ms_per_token': latency,
+      'trained_on': row.get('trained_on') or {'commit': commit,
+                                              'cpu': results['cpu'],
+                                              'devices':
+                                                  results.get('devices')},
+      'row': {**{k: v for k, v in row.items() if k != 'trained_on'},
+              'latency_ms_per_token': latency,
               'latency_load_average': load},
   }
 
 
 def write_record(record: Dict[str, Any], records_dir: str) -> str:
+  """Writes `record` as `<records_dir>/<record_name>.json`; returns the
+  path."""
   os.makedirs(records_dir, exist_ok=True)
   run = record['run']
   path = os.path.join(records_dir, record_name(
@@ -123,6 +120,8 @@ def write_record(record: Dict[str, Any], records_dir: str) -> str:
 
 
 def load_records(records_dir: str = RECORDS_DIR) -> List[Dict[str, Any]]:
+  """The records in `records_dir`, each with its 'path'; a record of
+  another RECORD_VERSION is an error."""
   records = []
   for path in sorted(glob.glob(os.path.join(records_dir, '*.json'))):
     with open(path) as f:
@@ -137,7 +136,15 @@ def load_records(records_dir: str = RECORDS_DIR) -> List[Dict[str, Any]]:
 
 
 def _differences(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
+  """The keys whose values differ between `a` and `b`."""
   return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _where(record: Dict[str, Any]) -> str:
+  """The record's file, or its name where it was not read from one."""
+  run = record['run']
+  return record.get('path') or record_name(run['config'], run['seed'],
+                                           run['exit_agreement'])
 
 
 def assemble(records: Sequence[Dict[str, Any]],
@@ -157,7 +164,7 @@ def assemble(records: Sequence[Dict[str, Any]],
         detail = (_differences(record[part], first[part])
                   if isinstance(record[part], dict) else [part])
         raise ValueError(
-            f'{record["path"]} and {first["path"]} differ in {part} '
+            f'{_where(record)} and {_where(first)} differ in {part} '
             f'({", ".join(map(str, detail))}): one table holds one recipe '
             'on one data set.')
   present = {(r['run']['config'], r['run']['seed'],
@@ -189,13 +196,14 @@ def assemble(records: Sequence[Dict[str, Any]],
       'records': [{'run': record_name(r['run']['config'], r['run']['seed'],
                                       r['run']['exit_agreement']),
                    'commit': r['commit'], 'host': r['host']['cpu'],
-                   'devices': r['host']['devices']}
+                   'trained_on': r['trained_on']}
                   for r in records],
       'runs': [{k: v for k, v in r['row'].items()
                 if not k.startswith('latency')} for r in records],
       'latency_ms_per_token': latency,
       'latency_load_average': max(
-          (r['row'].get('latency_load_average') or 0.0 for r in records),
+          (r['row']['latency_load_average'] for r in records
+           if r['row'].get('latency_load_average') is not None),
           default=None),
   }
 
@@ -238,7 +246,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     models = {row['config']: dataclasses.asdict(paper_table.model_config(
         row['config'], settings, vocab)) for row in results['runs']}
     for record in records_from_results(results, args.data_dir,
-                                       args.commit or git_commit(), models):
+                                       args.commit or common.git_commit(), models):
       print('Wrote', write_record(record, args.records_dir))
   results = assemble(load_records(args.records_dir))
   os.makedirs(args.out, exist_ok=True)

@@ -33,6 +33,8 @@ def _conditions(results: Dict[str, Any]) -> str:
 
 
 def _extent(results: Dict[str, Any]) -> str:
+  """What the table holds: its records and missing rows, or a run's
+  wall time."""
   if 'records' in results:
     missing = results.get('missing')
     return (f'Assembled from {len(results["records"])} run records '
@@ -209,16 +211,18 @@ def _seed_lines(results) -> List[str]:
 
 
 def _record_lines(results) -> List[str]:
+  """Where each row was trained, and where measured and timed."""
   if 'records' not in results:
     return []
   lines = ['### Records', '',
-           '| run | commit | host | training devices |',
-           '| --- | --- | --- | --- |']
-  lines += [f'| {r["run"]} | {r["commit"][:10]} | {r["host"]} | '
-            f'{r["devices"]} |' for r in results['records']]
-  return lines + ['Each run trained, was measured and timed on its host; '
-                  'compare timings (ms/token, positions/s) within a host, '
-                  'ratios (speedups) across them.', '']
+           '| run | trained: commit, host, devices | measured and timed: '
+           'commit, host |', '| --- | --- | --- |']
+  for r in results['records']:
+    t = r['trained_on']
+    lines.append(f'| {r["run"]} | {t["commit"][:10]}, {t["cpu"]}, '
+                 f'{t["devices"]} | {r["commit"][:10]}, {r["host"]} |')
+  return lines + ['', 'Compare timings (ms/token, positions/s) within a '
+                  'host, ratios (speedups) across hosts.', '']
 
 
 def _long_lines(results) -> List[str]:

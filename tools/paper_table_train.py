@@ -309,6 +309,17 @@ def trained_run(name: str, config: network.TransformerConfig,
              if evaluate_every and os.path.exists(resume_path) else None)
   resumed_meta = json.loads(resumed['meta']) if resumed else None
   validation = []
+  # Where the steps ran: the rounding of a run is its devices' and code's.
+  trained_on = {'commit': common.git_commit(), 'cpu': common.cpu_model(),
+                'devices': (len(trainer.data_parallel_devices(batch_size))
+                            if trainer_kind == 'library' else 1)}
+  if resumed_meta and resumed_meta.get('devices') not in (
+      None, trained_on['devices']):
+    raise ValueError(
+        f'{resume_path}: trained on {resumed_meta["devices"]} devices so '
+        f'far, and this process has {trained_on["devices"]}: the run would '
+        'change its rounding mid-way. Go on where it had as many, or delete '
+        'the file to start over.')
   # Seconds of training and of evaluation before this process went on with
   # the run, and this process's evaluation.
   seconds = {'train': 0.0, 'evaluate': 0.0, 'evaluated': 0.0}
@@ -328,7 +339,8 @@ def trained_run(name: str, config: network.TransformerConfig,
       validation.append({'step': state.step, **evaluate(state.params)})
     seconds['evaluated'] += time.perf_counter() - began
     meta = {'step': state.step, 'history': state.history,
-            'validation': validation, **elapsed()}
+            'validation': validation, 'devices': trained_on['devices'],
+            **elapsed()}
     _write_atomically(resume_path, flax.serialization.msgpack_serialize({
         'meta': json.dumps(meta), 'state': flax.serialization.to_state_dict(
             jax.device_get({'params': state.params,
@@ -358,7 +370,7 @@ def trained_run(name: str, config: network.TransformerConfig,
     params, history = train_t5x(config, recipe, run_dir, task, data_dir,
                                 lengths, batch_size, progress, languages)
   record = {'history': history, 'validation': validation, **elapsed(),
-            'trainer': trainer_kind}
+            'trainer': trainer_kind, 'trained_on': trained_on}
   _save(run_dir, params, record)
   if os.path.exists(resume_path):
     os.remove(resume_path)

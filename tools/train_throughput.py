@@ -70,6 +70,8 @@ def matmul_rate(shapes: Dict[str, tuple], repeats: int = 5) -> Dict[str, Any]:
 
 
 def _gradients(module, recipe, params, batch, compiler_options):
+  """The training objective's gradients (and aux) of `batch`, compiled
+  with `compiler_options`."""
   fn = jax.jit(jax.grad(functools.partial(
       trainer.loss_and_statistics, module, recipe), has_aux=True),
                compiler_options=compiler_options)
@@ -112,19 +114,24 @@ def measure(name: str, settings: paper_table.TableSettings, steps: int,
   def run_before():
     p, o = jax.device_put((params, optimizer.init(params)), one)
     start = time.perf_counter()
-    for batch in batches[1:]:
+    for step, batch in enumerate(batches[1:], 1):
       p, o, logs, _ = before(p, o, trainer.with_exit_positions(batch), {})
-      float(logs['loss'][-1])   # the step's host sync, as before
+      if step % recipe.log_every == 0:   # its host syncs, as before
+        float(logs['loss'][-1])
+    float(logs['loss'][-1])
     return time.perf_counter() - start
 
   def run_now():
     p, o = jax.device_put((params, optimizer.init(params)), replicated)
-    placed = trainer._placed(iter(batches[1:]), rows)  # pylint: disable=protected-access
+    placed = trainer.placed_batches(iter(batches[1:]), rows)
     start = time.perf_counter()
     for step in range(1, steps + 1):
       logged = step % recipe.log_every == 0
       p, o, logs, _ = now[logged](p, o, next(placed), {})
+      if logged:
+        float(logs['loss'][-1])
     float(logs['loss'][-1])
+    placed.close()
     return time.perf_counter() - start
 
   run_before(), run_now()       # compiles
@@ -164,6 +171,7 @@ def measure(name: str, settings: paper_table.TableSettings, steps: int,
 
 
 def markdown(results: Dict[str, Any]) -> str:
+  """The report: a row per configuration, with its conditions."""
   lines = [
       '## Training throughput: the table\'s step before and now', '',
       f'{results["cpu"]}, {results["cores"]} cores; the table\'s recipe '
@@ -187,8 +195,8 @@ def markdown(results: Dict[str, Any]) -> str:
         f'{row["speedup"]:.2f}x | {row["before"]["gflops"]:.0f} | '
         f'{row["now"]["gflops"]:.0f} | {rate} | '
         f'{row["max_relative_gradient_error"]:.1e} |')
-  lines += ['', 'GFLOP/s: the compiled step\'s FLOPs (XLA\'s cost analysis) '
-            'per second. The host rate times each forward product of the '
+  lines += ['', 'GFLOP/s: the FLOPs of the step with statistics on one '
+            'device (XLA\'s cost analysis) per second. The host rate times each forward product of the '
             'step alone at its shape (M x K x N), XLA\'s dot. The gradient '
             'difference: both compiles\' gradients of one batch, the '
             'largest difference over a parameter\'s largest gradient.']

@@ -12,6 +12,7 @@ twentieth of the peak rate.
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -117,6 +118,10 @@ def with_exit_positions(batch: Dict[str, np.ndarray], multiple: int = 32
           'exit_weights': take(weights)}
 
 
+# `train`'s compiler_options default: `default_compiler_options()`.
+DEFAULT_OPTIONS = object()
+
+
 def data_parallel_devices(batch_size: int, devices=None) -> List[Any]:
   """The most of `devices` (default: the local devices) that split
   `batch_size` rows evenly: the devices a step runs data parallel on.
@@ -175,14 +180,25 @@ def train_step_fn(module, recipe: Recipe, optimizer, statistics: bool,
                  compiler_options=compiler_options)
 
 
-def _placed(batches: Iterator[Dict[str, Any]], sharding, depth: int = 2
-            ) -> Iterator[Dict[str, Any]]:
-  """`batches` with exit positions, on their devices, `depth` ahead of the
-  step that takes them: a thread reads, converts and copies the next
-  batches while the step computes."""
+def placed_batches(batches: Iterator[Dict[str, Any]], sharding,
+                   depth: int = 2) -> Iterator[Dict[str, Any]]:
+  """`batches` with exit positions (`with_exit_positions`), placed by
+  `sharding`: a thread converts and copies each batch while the steps
+  before it compute. Reads up to `depth` batches ahead of the caller.
+
+  Raises:
+    ValueError: a batch's rows do not split evenly over the devices.
+  """
   queue = collections.deque()
   pool = concurrent.futures.ThreadPoolExecutor(1)
-  prepare = lambda batch: jax.device_put(with_exit_positions(batch), sharding)
+  devices = len(sharding.device_set)
+
+  def prepare(batch):
+    rows = len(batch['decoder_input_tokens'])
+    if rows % devices:
+      raise ValueError(f'a batch of {rows} rows does not split over '
+                       f'{devices} devices.')
+    return jax.device_put(with_exit_positions(batch), sharding)
   try:
     for batch in batches:
       queue.append(pool.submit(prepare, batch))
@@ -209,7 +225,8 @@ def train(module, batches: Iterator[Dict[str, Any]],
           init_params: Any = None,
           trainable: Optional[Callable[[Tuple[str, ...]], bool]] = None,
           devices: Optional[Sequence[Any]] = None,
-          compiler_options: Union[str, Dict[str, str], None] = 'default'
+          compiler_options: Union[object, Dict[str, str], None] = (
+              DEFAULT_OPTIONS)
           ) -> Tuple[Any, List[Dict[str, float]]]:
   """Trains `module` on `batches`; returns (params, history).
 
@@ -228,9 +245,16 @@ def train(module, batches: Iterator[Dict[str, Any]],
   `restore(initial_state)` returns the state to go on from (e.g. one that
   `evaluate` saved, read into the initial state's structure); `batches`
   then starts after that state's step.
+  The steps run data parallel over `devices` (default: the local devices,
+  as many as split the batch evenly: `data_parallel_devices`), compiled
+  with `compiler_options` (DEFAULT_OPTIONS: `default_compiler_options`;
+  None: XLA's own); either changes only the rounding of what is computed.
+  The parameters returned, and those `evaluate` sees, are on the first of
+  them alone: a program they then enter runs once, not once per device.
   """
-  agreement = losses.check_exit_agreement(recipe.exit_agreement,
-                                          recipe.exit_agreement_target)
+  # Before any compile: a bad agreement setting fails at once.
+  losses.check_exit_agreement(recipe.exit_agreement,
+                              recipe.exit_agreement_target)
   first = next(batches)
   if init_rng is None:
     init_rng = jax.random.PRNGKey(recipe.seed)
@@ -261,8 +285,10 @@ def train(module, batches: Iterator[Dict[str, Any]],
   mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-  if compiler_options == 'default':
+  if compiler_options is DEFAULT_OPTIONS:
     compiler_options = default_compiler_options()
+  # Copies, never views of the replicated buffers the next step donates.
+  on_one = lambda tree: jax.device_put(tree, devices[0], may_alias=False)
   # The exits' statistics only where the history records them.
   steps_of = {statistics: train_step_fn(module, recipe, optimizer, statistics,
                                         compiler_options)
@@ -275,31 +301,41 @@ def train(module, batches: Iterator[Dict[str, Any]],
   bar = tqdm.tqdm(range(state.step + 1, recipe.steps + 1), desc=desc,
                   unit='step', initial=state.step, total=recipe.steps,
                   dynamic_ncols=True, disable=not progress_bar)
-  placed = _placed(itertools.chain([first], batches), rows)
-  for step in bar:
-    logged = step % recipe.log_every == 0 or step == recipe.steps
-    params, opt_state, logs, stats = steps_of[logged](
-        params, opt_state, next(placed), frozen)
-    if logged:
-      record = {'step': step}
-      for name, values in logs.items():
-        for i, value in enumerate(np.asarray(values)):
-          record[f'exit_{i + 1}/{name}'] = float(value)
-      for name, (total, count) in stats.items():
-        record[name] = float(total) / max(float(count), 1.0)
-      history.append(record)
-      postfix = {f'loss{i + 1}': f'{record[f"exit_{i + 1}/loss"]:.3f}'
-                 for i in range(num_repeats)}
-      postfix.update({f'flip{i}': f'{record[f"exit_{i}/flip_rate"]:.1%}'
-                      for i in range(2, num_repeats + 1)})
-      bar.set_postfix(postfix, refresh=False)
-    if evaluate is not None and (step == recipe.steps or (
-        evaluate_every and step % evaluate_every == 0)):
-      evaluate(TrainState(step, _merge(frozen, params) if frozen else params,
-                          opt_state, history))
-  placed.close()
-  bar.close()
-  return _merge(frozen, params), history
+  placed = contextlib.closing(
+      placed_batches(itertools.chain([first], batches), rows))
+  with placed as placed, bar:
+    for step in bar:
+      params, opt_state = _train_one(step, placed, params, opt_state, frozen,
+                                     steps_of, recipe, history, bar,
+                                     num_repeats)
+      if evaluate is not None and (step == recipe.steps or (
+          evaluate_every and step % evaluate_every == 0)):
+        evaluate(TrainState(step, on_one(_merge(frozen, params) if frozen
+                                         else params), opt_state, history))
+  return on_one(_merge(frozen, params) if frozen else params), history
+
+
+def _train_one(step, placed, params, opt_state, frozen, steps_of, recipe,
+               history, bar, num_repeats):
+  """`train`'s step `step`: (params, opt_state) after it, and its record
+  in `history` at log points (the only host syncs)."""
+  logged = step % recipe.log_every == 0 or step == recipe.steps
+  params, opt_state, logs, stats = steps_of[logged](
+      params, opt_state, next(placed), frozen)
+  if logged:
+    record = {'step': step}
+    for name, values in logs.items():
+      for i, value in enumerate(np.asarray(values)):
+        record[f'exit_{i + 1}/{name}'] = float(value)
+    for name, (total, count) in stats.items():
+      record[name] = float(total) / max(float(count), 1.0)
+    history.append(record)
+    postfix = {f'loss{i + 1}': f'{record[f"exit_{i + 1}/loss"]:.3f}'
+               for i in range(num_repeats)}
+    postfix.update({f'flip{i}': f'{record[f"exit_{i}/flip_rate"]:.1%}'
+                    for i in range(2, num_repeats + 1)})
+    bar.set_postfix(postfix, refresh=False)
+  return params, opt_state
 
 
 def exit_consistency(module, params,

@@ -388,7 +388,23 @@ class PaperTableTest(absltest.TestCase):
     (run_dir,) = os.listdir(os.path.join(out, 'runs'))
     run_dir = os.path.join(out, 'runs', run_dir)
     self.assertTrue(os.path.exists(os.path.join(run_dir, 'resume.msgpack')))
+    # A run goes on only where it had as many devices: its rounding.
+    resume_path = os.path.join(run_dir, 'resume.msgpack')
+    saved = paper_table_train.load_params(resume_path)
+    meta = json.loads(saved['meta'])
+    self.assertEqual(meta['devices'], 4)
+    other = dict(saved, meta=json.dumps({**meta, 'devices': 2}))
+    paper_table_train.save_params(resume_path + '.other', other)
+    os.replace(resume_path, resume_path + '.kept')
+    os.replace(resume_path + '.other', resume_path)
+    with self.assertRaisesRegex(ValueError, 'trained on 2 devices so far'):
+      train(out)
+    os.replace(resume_path + '.kept', resume_path)
     _, resumed, record = train(out)
+    self.assertEqual(record['trained_on']['devices'], 4)
+    # Trained data parallel, returned on one device: what decodes it next
+    # runs once.
+    self.assertEqual({len(x.devices()) for x in jax.tree.leaves(whole)}, {1})
     # The same batches, optimizer state and schedule: the same parameters
     # and records as the uninterrupted run's.
     for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole)):

@@ -41,6 +41,7 @@ def _record(config, seed=0, bleu=30.0, loss=1.5, flips=(0.0,), **changes):
                      'files': {'train.tsv': 'a', 'spm.model': 'b'}},
             'commit': 'c' * 40, 'host': {'cpu': 'CPU', 'cores': 2,
                                          'devices': 2},
+            'trained_on': {'commit': 'd' * 40, 'cpu': 'CPU', 'devices': 2},
             'row': row}
   for key, value in changes.items():
     record[key] = value
@@ -66,6 +67,7 @@ class RecordsTest(absltest.TestCase):
       self.assertEqual(f.read(), paper_table_report.markdown(results) + '\n')
     for record in committed:
       self.assertLen(record['commit'].split('+')[0], 40)
+      self.assertLen(record['trained_on']['commit'].split('+')[0], 40)
       self.assertCountEqual(record['data']['files'], records.DATA_FILES)
 
   def test_assemble_refuses_other_recipes_and_data_and_names_missing(self):
@@ -79,7 +81,8 @@ class RecordsTest(absltest.TestCase):
                      {'greedy 4L': 1.0, 'greedy 4x3': 1.0})
     text = paper_table_report.markdown(results)
     self.assertIn('Missing rows: 12L_seed0, 2L_seed0, 4x3_seed1', text)
-    self.assertIn('| 4x3_seed0 | cccccccccc | CPU |', text)
+    self.assertIn('| 4x3_seed0 | dddddddddd, CPU, 2 | cccccccccc, CPU |',
+                  text)
     steps = _record('12L')
     steps['recipe'] = {**steps['recipe'], 'steps': 20}
     with self.assertRaisesRegex(ValueError, r'differ in recipe \(steps\)'):
@@ -89,6 +92,9 @@ class RecordsTest(absltest.TestCase):
     data['data']['files']['spm.model'] = 'other'
     with self.assertRaisesRegex(ValueError, 'differ in data'):
       records.assemble(_written([_record('4L'), data]))
+    t5x = _record('12L', trainer='t5x')
+    with self.assertRaisesRegex(ValueError, 'differ in trainer'):
+      records.assemble([_record('4L'), t5x])     # records not from files
     with self.assertRaisesRegex(ValueError, 'no records'):
       records.assemble([])
 

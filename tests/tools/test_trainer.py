@@ -58,11 +58,41 @@ class TrainerTest(absltest.TestCase):
     self.assertLen(logs['loss'], 3)
     self.assertIn('exit_2/flip_rate', stats)
     # Without statistics only the logs (the steps between log points).
-    _, (_, none) = jax.eval_shape(
+    # Without statistics (the steps between log points): the same loss,
+    # logs and gradients, and no statistics.
+    (loss, (logs_only, none)), grads = jax.jit(jax.value_and_grad(
         lambda p, b: trainer.loss_and_statistics(module, recipe, p, b,
                                                  statistics=False),
-        params, batch)
+        has_aux=True))(params, batch)
     self.assertEqual(none, {})
+    (ref_loss, (ref_logs, _)), ref_grads = before
+    for a, b in zip(jax.tree.leaves((loss, logs_only, grads)),
+                    jax.tree.leaves((ref_loss, ref_logs, ref_grads))):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+  def test_placed_batches(self):
+    devices = jax.devices()
+    mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    batches = test_finetune_agree._batches(count=5, batch=4)
+    read = []
+
+    def source():
+      for batch in batches:
+        read.append(1)
+        yield batch
+    placed = trainer.placed_batches(source(), rows, depth=2)
+    first = next(placed)
+    self.assertLessEqual(len(read), 3)       # at most `depth` ahead
+    np.testing.assert_array_equal(first['exit_positions'],
+                                  trainer.with_exit_positions(
+                                      batches[0])['exit_positions'])
+    self.assertEqual(first['decoder_input_tokens'].sharding, rows)
+    self.assertLen(list(placed), 4)           # the rest, in order
+    odd = trainer.placed_batches(iter(test_finetune_agree._batches(
+        count=1, batch=6)), rows)
+    with self.assertRaisesRegex(ValueError, '6 rows does not split over 4'):
+      next(odd)
 
 
 if __name__ == '__main__':
