@@ -9,6 +9,7 @@ the committed real-data models are (`MODELS_DIR`).
 
 import argparse
 from concurrent import futures
+import json
 import os
 import platform
 import subprocess
@@ -203,6 +204,19 @@ def use_cores_as_devices() -> int:
     print(f'{count} JAX device(s) for {cores} cores: {reason}.',
           file=sys.stderr)
   return count
+
+
+def write_report(out_dir: str, stem: str, results: Dict[str, Any],
+                 text: str) -> List[str]:
+  """Writes `<out_dir>/<stem>.json` (`results`) and `<stem>.md` (`text`);
+  returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = [os.path.join(out_dir, f'{stem}.{ext}') for ext in ('json', 'md')]
+  with open(paths[0], 'w') as f:
+    json.dump(results, f, indent=1)
+  with open(paths[1], 'w') as f:
+    f.write(text)
+  return paths
 
 
 def git_commit(repo: str = os.path.dirname(MODELS_DIR)) -> str:

@@ -279,12 +279,8 @@ def markdown(results: Dict[str, Any]) -> str:
 def main(argv=None):
   args = _flags(argv)
   results = run(args)
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, 'sample_bench.json'), 'w') as f:
-    json.dump(results, f, indent=1)
   table = markdown(results)
-  with open(os.path.join(args.out, 'sample_bench.md'), 'w') as f:
-    f.write(table)
+  common.write_report(args.out, 'sample_bench', results, table)
   print(table)
   if not all(row['identical'] for row in results['rows']):
     raise SystemExit('SPEED and sequential outputs differ.')

@@ -23,7 +23,6 @@ Example:
 import argparse
 import functools
 import itertools
-import json
 import os
 import sys
 import time
@@ -225,17 +224,14 @@ def main(argv=None) -> int:
       vocabulary=paper_table.table_vocabulary(settings, paper_table.GETTEXT))
   rows = [measure(name, settings, args.steps, args.rounds)
           for name in args.configs.split(',')]
-  results = {'cpu': common.cpu_model(), 'cores': os.cpu_count(),
+  results = {'cpu': common.cpu_model(),
+             'cores': len(os.sched_getaffinity(0)),
              'devices': rows[0]['devices'], 'width': settings.width,
              'batch_size': settings.batch_size,
              'positions': sum(settings.lengths.values()),
              'steps': args.steps, 'rounds': args.rounds, 'rows': rows}
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, 'train_throughput.json'), 'w') as f:
-    json.dump(results, f, indent=1)
   text = markdown(results)
-  with open(os.path.join(args.out, 'train_throughput.md'), 'w') as f:
-    f.write(text)
+  common.write_report(args.out, 'train_throughput', results, text)
   print(text)
   return 0
 
