@@ -175,11 +175,13 @@ def _depth_lines(results) -> List[str]:
                            'loss'][-1])):
     shallow, deep, shared = (value(rows[n]) for n in ('4L', '12L', '4x3'))
     gap = deep - shallow
-    closed = (f'{100 * (shared - shallow) / gap:.0f}%' if gap else 'none '
-              '(no gap)')
+    share = (shared - shallow) / gap if gap else float('nan')
+    verdict = (f'the 4x3 closes {100 * share:.0f}% of the 4L -> 12L gap'
+               if share <= 1 else
+               f'the 4x3 passes the 12L ({100 * share:.0f}% of the 4L -> '
+               '12L gap)')
     lines.append(f'- {label}: 4L {shallow:.2f}, 4x3 {shared:.2f}, 12L '
-                 f'{deep:.2f}: the 4x3 closes {closed} of the 4L -> 12L '
-                 'gap.')
+                 f'{deep:.2f}: {verdict}.')
   return lines + ['']
 
 
