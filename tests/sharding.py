@@ -23,7 +23,7 @@ from typing import Dict, Iterable, Mapping, Tuple
 # left running a long one alone at the end, and they balance the shards.
 # Every test module has an entry (tests/test_sharding.py checks).
 MODULE_SECONDS = {
-    'test_paper_table.py': 104,
+    'test_paper_table.py': 112,
     'test_t5x_binaries.py': 90,
     'test_cpu_matmul.py': 85,
     'test_t5x_model.py': 73,
@@ -49,6 +49,7 @@ MODULE_SECONDS = {
     'test_decoding.py': 14,
     'test_t5x_parity.py': 13,
     'test_losses.py': 11,
+    'test_trainer.py': 11,
     'test_cpu_sample.py': 10,
     'test_readme_example.py': 9,
     'test_install.py': 7,
@@ -56,6 +57,7 @@ MODULE_SECONDS = {
     'test_ctranslate2_engine.py': 5,
     'test_gettext_data.py': 5,
     'test_t5x_reliability.py': 3,
+    'test_paper_table_records.py': 3,
     'test_task_functions.py': 2,
     'test_decode_params.py': 2,
     'test_task_data.py': 1,
