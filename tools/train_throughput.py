@@ -30,7 +30,6 @@ from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import seqio
 
@@ -101,9 +100,7 @@ def measure(name: str, settings: paper_table.TableSettings, steps: int,
   optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(
       **trainer.schedule_settings(recipe)), weight_decay=trainer.WEIGHT_DECAY)
   devices = trainer.data_parallel_devices(settings.batch_size)
-  mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  replicated, rows = trainer.data_parallel_shardings(devices)
   options = trainer.default_compiler_options()
   before = trainer.train_step_fn(module, recipe, optimizer, True, None)
   now = {s: trainer.train_step_fn(module, recipe, optimizer, s, options)

@@ -134,6 +134,16 @@ def data_parallel_devices(batch_size: int, devices=None) -> List[Any]:
   return devices[:count]
 
 
+def data_parallel_shardings(devices: Sequence[Any]
+                            ) -> Tuple[jax.sharding.NamedSharding,
+                                       jax.sharding.NamedSharding]:
+  """(replicated, rows) over `devices`: parameters and optimizer state whole
+  on each device, a batch's rows split between them."""
+  mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
+  return (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+          jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data')))
+
+
 def default_compiler_options() -> Optional[Dict[str, str]]:
   """`CPU_COMPILER_OPTIONS` on a CPU backend; None (XLA's defaults) on
   others."""
@@ -282,9 +292,7 @@ def train(module, batches: Iterator[Dict[str, Any]],
   # the parameters, optimizer state and frozen parameters are replicated.
   devices = data_parallel_devices(len(first['decoder_input_tokens']),
                                   devices)
-  mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+  replicated, rows = data_parallel_shardings(devices)
   if compiler_options is DEFAULT_OPTIONS:
     compiler_options = default_compiler_options()
   # Copies, never views of the replicated buffers the next step donates.

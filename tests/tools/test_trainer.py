@@ -38,10 +38,7 @@ class TrainerTest(absltest.TestCase):
                          batches[0]['decoder_target_tokens'][:1],
                          enable_dropout=False)['params']
     batch = trainer.with_exit_positions(batches[0])
-    mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
-    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
-    replicated = jax.sharding.NamedSharding(mesh,
-                                            jax.sharding.PartitionSpec())
+    replicated, rows = trainer.data_parallel_shardings(devices)
 
     def value_and_grad(options, params, batch):
       return jax.jit(jax.value_and_grad(
@@ -72,8 +69,7 @@ class TrainerTest(absltest.TestCase):
 
   def test_placed_batches(self):
     devices = jax.devices()
-    mesh = jax.sharding.Mesh(np.asarray(devices), ('data',))
-    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    _, rows = trainer.data_parallel_shardings(devices)
     batches = test_finetune_agree._batches(count=5, batch=4)
     read = []
 
