@@ -9,6 +9,7 @@ the committed real-data models are (`MODELS_DIR`).
 
 import argparse
 from concurrent import futures
+import hashlib
 import json
 import os
 import platform
@@ -217,6 +218,15 @@ def write_report(out_dir: str, stem: str, results: Dict[str, Any],
   with open(paths[1], 'w') as f:
     f.write(text)
   return paths
+
+
+def file_digest(path: str) -> str:
+  """sha256 of the file at `path`, hex."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()
 
 
 def git_commit(repo: str = os.path.dirname(MODELS_DIR)) -> str:

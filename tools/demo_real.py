@@ -32,7 +32,6 @@ _START = time.perf_counter()  # the wall time includes the imports
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -64,9 +63,7 @@ def from_json(cls, fields: Dict[str, Any]):
                 for k, v in fields.items()})
 
 
-def _digest(path: str) -> str:
-  with open(path, 'rb') as f:
-    return hashlib.sha256(f.read()).hexdigest()
+_digest = common.file_digest
 
 
 def export(out_dir: str, models_dir: str = MODELS_DIR,

@@ -261,10 +261,7 @@ def build(out_dir: str, settings: Settings = Settings(),
 
 def vocabulary_digest(vocabulary: Optional[str]) -> Optional[str]:
   """sha256 of a given vocabulary file; None for one trained here."""
-  if vocabulary is None:
-    return None
-  with open(vocabulary, 'rb') as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  return None if vocabulary is None else common.file_digest(vocabulary)
 
 
 def write_split(out_dir: str, name: str, pairs) -> None:

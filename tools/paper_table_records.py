@@ -19,7 +19,6 @@ Example:
 import argparse
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import sys
@@ -60,8 +59,7 @@ def data_digests(data_dir: str) -> Dict[str, str]:
   for name in DATA_FILES:
     path = os.path.join(data_dir, name)
     if os.path.exists(path):
-      with open(path, 'rb') as f:
-        out[name] = hashlib.sha256(f.read()).hexdigest()
+      out[name] = common.file_digest(path)
   return out
 
 

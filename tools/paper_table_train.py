@@ -64,14 +64,6 @@ def t5x_init_rng(seed: int) -> jax.Array:
   return jax.random.split(jax.random.PRNGKey(seed), 2)[0]
 
 
-def _file_digest(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(1 << 20), b''):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def run_key(name: str, config: network.TransformerConfig,
             recipe: trainer.Recipe, trainer_kind: str, batch_size: int,
             lengths: Dict[str, int], data_dir: str,
@@ -92,7 +84,7 @@ def run_key(name: str, config: network.TransformerConfig,
       # option existed keep their keys.
       **({'languages': list(languages)}
          if tuple(languages) != GETTEXT else {}),
-      'data': [_file_digest(os.path.join(data_dir, f))
+      'data': [common.file_digest(os.path.join(data_dir, f))
                for f in ('train.tsv', 'spm.model')]},
                                      sort_keys=True, default=str).encode())
   return (f'{name}_seed{recipe.seed}_agree{recipe.exit_agreement:g}_'
